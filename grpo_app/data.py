@@ -1,0 +1,506 @@
+"""Problems, answers and where they come from.
+
+One answer extractor serves the rewards and the evaluation (nanochat's habit): the final answer is
+the number after the last '####'; evaluation may fall back to the last number in the text and says
+so. Difficulty is the number of calculation steps of a problem's worked solution (GSM8K: its
+'<<a*b=c>>' calculator annotations; arithmetic: its operators; gsm_symbolic: lines with '=').
+
+Sources: GSM8K from a local folder (config or GRPO_APP_GSM8K_DIR), from the hub when it is
+reachable, and otherwise tasks generated offline by the `reasoning-gym` package.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import random
+import re
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+from pathlib import Path
+
+# ------------------------------------------------------------------------------------------------
+# Answers
+# ------------------------------------------------------------------------------------------------
+FINAL_MARK_RE = re.compile(
+    r"####\s*\$?\s*(-?\s*\$?\s*(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\s*\.\d+)(?:\s*/\s*(\d+))?"
+)
+FINAL_LINE_RE = re.compile(
+    r"^\s*####\s*\$?\s*-?\s*\$?\s*(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?(?:\s*/\s*\d+)?\s*\.?\s*$"
+)
+ANY_NUMBER_RE = re.compile(r"-?\$?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
+
+
+def normalize_number(text: str | None) -> str | None:
+    """'$1,200.50' -> '1200.5'; '-3.' -> '-3'; '3/4' -> '0.75'; junk -> None."""
+    if text is None:
+        return None
+    s = str(text).strip().replace(",", "").replace("$", "").replace(" ", "")
+    s = s.rstrip(".")
+    if not s:
+        return None
+    try:
+        if "/" in s:
+            num, den = s.split("/", 1)
+            value = Fraction(Decimal(num)) / Fraction(Decimal(den))
+        else:
+            value = Fraction(Decimal(s))
+    except (InvalidOperation, ValueError, ZeroDivisionError):
+        return None
+    if value.denominator == 1:
+        return str(value.numerator)
+    d = Decimal(value.numerator) / Decimal(value.denominator)
+    return format(d.normalize(), "f")
+
+
+def extract_final_answer(text: str) -> str | None:
+    """The number after the last '####' (GSM8K's convention), normalized; None if there is none."""
+    if not text:
+        return None
+    matches = list(FINAL_MARK_RE.finditer(text))
+    if not matches:
+        return None
+    m = matches[-1]
+    raw = m.group(1) + (f"/{m.group(2)}" if m.group(2) else "")
+    return normalize_number(raw)
+
+
+def extract_answer(text: str, fallback: bool = True) -> tuple[str | None, str]:
+    """(answer, how) with how in {'marker', 'last_number', 'none'}.
+
+    The '####' answer wins. With `fallback`, a text without one is read by its last number
+    (the "flexible" reading many GSM8K harnesses report next to the strict one).
+    """
+    ans = extract_final_answer(text)
+    if ans is not None:
+        return ans, "marker"
+    if fallback and text:
+        nums = ANY_NUMBER_RE.findall(text)
+        for raw in reversed(nums):
+            v = normalize_number(raw)
+            if v is not None:
+                return v, "last_number"
+    return None, "none"
+
+
+def has_final_line(text: str) -> bool:
+    """True when the last non-empty line is exactly a '#### <number>' line (the required format)."""
+    lines = [ln for ln in (text or "").strip().split("\n") if ln.strip()]
+    return bool(lines) and bool(FINAL_LINE_RE.match(lines[-1])) and extract_final_answer(lines[-1]) is not None
+
+
+def answers_match(pred: str | None, gold: str | None) -> bool:
+    if pred is None or gold is None:
+        return False
+    a, b = normalize_number(pred), normalize_number(gold)
+    if a is None or b is None:
+        return False
+    if a == b:
+        return True
+    fa, fb = Fraction(Decimal(a)), Fraction(Decimal(b))
+    return abs(fa - fb) <= Fraction(1, 10**6) * max(1, abs(fb))
+
+
+# ------------------------------------------------------------------------------------------------
+# Problems
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class Problem:
+    id: str
+    question: str
+    answer: str  # normalized final answer
+    solution: str  # worked solution ending in '#### <answer>' (used for reference Fisher / display)
+    difficulty: int
+    source: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class DataError(ValueError):
+    """A data source is unavailable or a file is invalid; the message says what to do."""
+
+
+def gsm8k_difficulty(solution: str) -> int:
+    return solution.count("<<")
+
+
+def gsm8k_problem(rec: dict, idx: int, split: str) -> Problem:
+    sol = rec["answer"]
+    gold = extract_final_answer(sol)
+    if gold is None:
+        raise DataError(f"GSM8K {split} row {idx + 1} has no '#### <number>' line.")
+    return Problem(
+        id=f"gsm8k-{split}-{idx}",
+        question=rec["question"].strip(),
+        answer=gold,
+        solution=sol.strip(),
+        difficulty=gsm8k_difficulty(sol),
+        source="gsm8k",
+    )
+
+
+# ---- GSM8K from a folder or the hub --------------------------------------------------------------
+_HUB_STATE: dict = {"checked": 0.0, "ok": False}
+_HUB_LOCK = threading.Lock()
+
+
+def hub_reachable(timeout: float = 2.0) -> bool:
+    """Can huggingface.co be reached? Honors HF_HUB_OFFLINE; cached for a minute; never hangs long."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        _enter_offline_mode()
+        return False
+    with _HUB_LOCK:
+        if time.time() - _HUB_STATE["checked"] < 60:
+            return _HUB_STATE["ok"]
+        ok = False
+        try:
+            with socket.create_connection(("huggingface.co", 443), timeout=timeout):
+                ok = True
+        except OSError:
+            ok = False
+        _HUB_STATE.update(checked=time.time(), ok=ok)
+        if not ok:
+            _enter_offline_mode()
+        return ok
+
+
+def _enter_offline_mode() -> None:
+    """Tell huggingface_hub (and so transformers/datasets) not to retry the network for ~25 s per file."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        import huggingface_hub.constants as hf_constants
+
+        hf_constants.HF_HUB_OFFLINE = True
+    except Exception:  # pragma: no cover
+        pass
+
+
+def gsm8k_dir(data_cfg) -> Path | None:
+    folder = (getattr(data_cfg, "gsm8k_dir", "") or os.environ.get("GRPO_APP_GSM8K_DIR", "")).strip()
+    return Path(folder).expanduser() if folder else None
+
+
+_GSM8K_CACHE: dict = {}
+
+
+def load_gsm8k(split: str, data_cfg) -> tuple[list[Problem], str]:
+    """GSM8K `split` ('train' or 'test') and where it came from. Raises DataError when unavailable."""
+    if split not in ("train", "test"):
+        raise DataError(f"GSM8K split must be train or test, not {split!r}.")
+    mode = getattr(data_cfg, "gsm8k", "auto")
+    if mode == "offline":
+        raise DataError("GSM8K is switched off (data.gsm8k: offline).")
+    folder = gsm8k_dir(data_cfg)
+    if folder is not None and mode in ("auto", "local"):
+        path = folder / f"{split}.jsonl"
+        if path.is_file():
+            key = ("local", str(path.resolve()), path.stat().st_mtime)
+            if key not in _GSM8K_CACHE:
+                probs = []
+                with path.open(encoding="utf-8") as fh:
+                    for i, line in enumerate(fh):
+                        if line.strip():
+                            probs.append(gsm8k_problem(json.loads(line), i, split))
+                _GSM8K_CACHE[key] = probs
+            return _GSM8K_CACHE[key], f"local folder {folder}"
+        if mode == "local":
+            raise DataError(f"{path} does not exist; set data.gsm8k_dir to the folder holding {split}.jsonl.")
+    if mode == "local":
+        raise DataError("data.gsm8k is 'local' but no folder is set (data.gsm8k_dir or GRPO_APP_GSM8K_DIR).")
+    hub_id = getattr(data_cfg, "hub_dataset", "openai/gsm8k")
+    if not hub_reachable():
+        raise DataError(
+            f"GSM8K: no local folder set and the hub ({hub_id}) is not reachable; "
+            "set GRPO_APP_GSM8K_DIR to a folder with train.jsonl/test.jsonl."
+        )
+    key = ("hub", hub_id, split)
+    if key not in _GSM8K_CACHE:
+        from datasets import load_dataset
+
+        try:
+            ds = load_dataset(hub_id, "main", split=split)
+        except Exception as e:  # network hiccup, gated repo, ...
+            raise DataError(f"GSM8K could not be loaded from the hub ({hub_id}): {str(e).splitlines()[0]}") from None
+        _GSM8K_CACHE[key] = [gsm8k_problem(r, i, split) for i, r in enumerate(ds)]
+    return _GSM8K_CACHE[key], f"hub {hub_id}"
+
+
+def gsm8k_available(data_cfg) -> bool:
+    try:
+        load_gsm8k("test", data_cfg)
+        return True
+    except DataError:
+        return False
+
+
+# ---- Offline generated tasks (reasoning-gym) ---------------------------------------------------
+def _rg():
+    import reasoning_gym
+
+    return reasoning_gym
+
+
+def make_arithmetic(
+    n: int, seed: int, min_ops: int = 1, max_ops: int = 1, max_digits: int = 2, operators: str = "+-"
+) -> list[Problem]:
+    """reasoning-gym `basic_arithmetic`: difficulty = number of operators (terms - 1)."""
+    ds = _rg().create_dataset(
+        "basic_arithmetic",
+        size=n,
+        seed=seed,
+        min_terms=min_ops + 1,
+        max_terms=max_ops + 1,
+        min_digits=1,
+        max_digits=max_digits,
+        operators=tuple(operators),
+    )
+    out = []
+    for i, x in enumerate(ds):
+        gold = normalize_number(x["answer"])
+        expr = x["metadata"]["expression"]
+        out.append(
+            Problem(
+                id=f"arith-{seed}-{i}",
+                question=x["question"].strip(),
+                answer=gold,
+                solution=f"{expr} = {gold}\n#### {gold}",
+                difficulty=int(x["metadata"]["num_terms"]) - 1,
+                source="arithmetic",
+            )
+        )
+    return out
+
+
+def gsm_symbolic_difficulty(cot: str) -> int:
+    return max(1, sum(1 for ln in cot.split("\n") if "=" in ln))
+
+
+def make_gsm_symbolic(n: int, seed: int) -> list[Problem]:
+    ds = _rg().create_dataset("gsm_symbolic", size=n, seed=seed)
+    out = []
+    for i, x in enumerate(ds):
+        cot = x["metadata"]["answer_cot"].strip()
+        gold = normalize_number(x["answer"])
+        out.append(
+            Problem(
+                id=f"gsmsym-{seed}-{i}",
+                question=x["question"].strip(),
+                answer=gold,
+                solution=cot if "####" in cot else f"{cot}\n#### {gold}",
+                difficulty=gsm_symbolic_difficulty(cot),
+                source="gsm_symbolic",
+            )
+        )
+    return out
+
+
+# ---- Custom uploads ------------------------------------------------------------------------------
+MAX_UPLOAD_BYTES = 20 * 1024 * 1024
+MAX_UPLOAD_ROWS = 50_000
+MAX_QUESTION_CHARS = 4000
+
+
+def parse_custom_dataset(raw: bytes, filename: str) -> list[Problem]:
+    """JSONL or CSV with 'question' and 'answer' columns. Answer: a number, or a solution ending '#### n'.
+
+    Raises DataError listing the bad rows (at most 20 shown) so a person can fix the file.
+    """
+    if len(raw) > MAX_UPLOAD_BYTES:
+        raise DataError(f"{filename}: {len(raw) / 1e6:.1f} MB is over the {MAX_UPLOAD_BYTES // 2**20} MB limit.")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{filename}: not UTF-8 text (byte {e.start}); save the file as UTF-8.") from None
+    suffix = Path(filename).suffix.lower()
+    rows: list[tuple[int, dict]] = []
+    problems_found: list[str] = []
+    if suffix in (".jsonl", ".json"):
+        for i, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                problems_found.append(f"line {i}: not valid JSON ({e.msg})")
+                continue
+            if not isinstance(obj, dict):
+                problems_found.append(f"line {i}: expected an object with question and answer")
+                continue
+            rows.append((i, obj))
+    elif suffix == ".csv":
+        reader = csv.DictReader(io.StringIO(text))
+        if not reader.fieldnames or not {"question", "answer"} <= {f.strip().lower() for f in reader.fieldnames}:
+            raise DataError(f"{filename}: the CSV header must include 'question' and 'answer' columns.")
+        for i, rec in enumerate(reader, 2):
+            rows.append((i, {k.strip().lower(): v for k, v in rec.items() if k}))
+    else:
+        raise DataError(f"{filename}: use a .jsonl or .csv file.")
+    if len(rows) > MAX_UPLOAD_ROWS:
+        raise DataError(f"{filename}: {len(rows)} rows is over the {MAX_UPLOAD_ROWS} row limit.")
+    out = []
+    for i, rec in rows:
+        q = rec.get("question")
+        a = rec.get("answer")
+        where = f"line {i}" if suffix != ".csv" else f"row {i}"
+        if not isinstance(q, str) or not q.strip():
+            problems_found.append(f"{where}: missing 'question'")
+            continue
+        if len(q) > MAX_QUESTION_CHARS:
+            problems_found.append(f"{where}: question longer than {MAX_QUESTION_CHARS} characters")
+            continue
+        if a is None or (isinstance(a, str) and not a.strip()):
+            problems_found.append(f"{where}: missing 'answer'")
+            continue
+        a_text = str(a)
+        gold = extract_final_answer(a_text) if "####" in a_text else normalize_number(a_text)
+        if gold is None:
+            problems_found.append(f"{where}: answer {a_text[:40]!r} is not a number (or a solution ending '#### n')")
+            continue
+        sol = a_text.strip() if "####" in a_text else f"#### {gold}"
+        out.append(
+            Problem(
+                id=f"custom-{i}",
+                question=q.strip(),
+                answer=gold,
+                solution=sol,
+                difficulty=gsm8k_difficulty(sol) if "<<" in sol else max(1, sol.count("\n")),
+                source="custom",
+            )
+        )
+    if problems_found:
+        shown = "; ".join(problems_found[:20])
+        more = f" (and {len(problems_found) - 20} more)" if len(problems_found) > 20 else ""
+        raise DataError(f"{filename}: {len(problems_found)} bad rows: {shown}{more}.")
+    if not out:
+        raise DataError(f"{filename}: no rows found.")
+    return out
+
+
+def load_custom(path: str) -> list[Problem]:
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"custom dataset {path} does not exist.")
+    return parse_custom_dataset(p.read_bytes(), p.name)
+
+
+# ------------------------------------------------------------------------------------------------
+# Stages and held-out sets
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class StagePool:
+    problems: list[Problem]
+    origin: str  # human-readable: where the problems came from
+    source: str  # the source actually used (may differ from the stage's when GSM8K is offline)
+
+
+def _filter_difficulty(probs: list[Problem], lo: int, hi: int) -> list[Problem]:
+    return [p for p in probs if lo <= p.difficulty <= hi]
+
+
+def _sample(probs: list[Problem], n: int, seed: int) -> list[Problem]:
+    if len(probs) <= n:
+        return list(probs)
+    return random.Random(seed).sample(probs, n)
+
+
+def stage_pool(stage, data_cfg, seed: int, split: str = "train") -> StagePool:
+    """The problems a stage trains on (split='train') or is evaluated on (split='test', see heldout_pool)."""
+    lo, hi, n = stage.min_difficulty, stage.max_difficulty, stage.num_problems
+    source = stage.source
+    note = ""
+    if source == "gsm8k":
+        try:
+            probs, origin = load_gsm8k(split, data_cfg)
+        except DataError as e:
+            source, note = "gsm_symbolic", f"GSM8K unavailable ({e}); using reasoning-gym gsm_symbolic instead"
+        else:
+            sel = _filter_difficulty(probs, lo, hi)
+            if len(sel) < min(n, 8):
+                raise DataError(
+                    f"stage '{stage.name}': only {len(sel)} GSM8K {split} problems have difficulty {lo}..{hi}; widen the range."
+                )
+            return StagePool(_sample(sel, n, seed), f"GSM8K {split} ({origin}), difficulty {lo}-{hi}", "gsm8k")
+    if source == "arithmetic":
+        lo_ops, hi_ops = max(1, lo), max(1, hi)
+        probs = make_arithmetic(n, seed, lo_ops, hi_ops, stage.max_digits, stage.operators)
+        return StagePool(
+            probs,
+            f"reasoning-gym basic_arithmetic, {lo_ops}-{hi_ops} operators '{stage.operators}', <= {stage.max_digits} digits",
+            "arithmetic",
+        )
+    if source == "gsm_symbolic":
+        probs = _filter_difficulty(make_gsm_symbolic(max(4 * n, 64), seed), lo, hi)
+        if len(probs) < min(n, 8):
+            raise DataError(
+                f"stage '{stage.name}': gsm_symbolic has almost no problems with difficulty {lo}..{hi}; use 2..5."
+            )
+        origin = f"reasoning-gym gsm_symbolic, difficulty {lo}-{hi}"
+        return StagePool(probs[:n], f"{origin} ({note})" if note else origin, "gsm_symbolic")
+    if source == "custom":
+        probs = _filter_difficulty(load_custom(data_cfg.custom_path), lo, hi) or load_custom(data_cfg.custom_path)
+        return StagePool(_sample(probs, n, seed), f"custom file {Path(data_cfg.custom_path).name}", "custom")
+    raise DataError(f"unknown source {source!r}")
+
+
+HELDOUT_SEED_OFFSET = 1_000_003  # reasoning-gym derives item i from seed + i: keep far from training seeds
+
+
+def heldout_pool(stage, data_cfg, n: int, seed: int, exclude_questions: set[str] | None = None) -> StagePool:
+    """`n` problems like the stage's, never in its training pool.
+
+    GSM8K: the test split. Generated tasks: a seed far from any training seed, then any question
+    that also appears in `exclude_questions` (the training pool) is dropped — checked, not assumed.
+    """
+    exclude = exclude_questions or set()
+    if stage.source == "gsm8k":
+        try:
+            probs, origin = load_gsm8k("test", data_cfg)
+            sel = _sample(_filter_difficulty(probs, stage.min_difficulty, stage.max_difficulty), n, seed)
+            return StagePool(
+                sel, f"GSM8K test ({origin}), difficulty {stage.min_difficulty}-{stage.max_difficulty}", "gsm8k"
+            )
+        except DataError:
+            pass
+    from copy import copy
+
+    st = copy(stage)
+    if st.source == "gsm8k":
+        st.source = "gsm_symbolic"
+    st.num_problems = n * 2 + 16
+    pool = stage_pool(st, data_cfg, seed + HELDOUT_SEED_OFFSET)
+    seen, kept = set(), []
+    for p in pool.problems:
+        if p.question in exclude or p.question in seen:
+            continue
+        seen.add(p.question)
+        kept.append(p)
+    return StagePool(kept[:n], f"held-out {pool.origin}", pool.source)
+
+
+def build_messages(question: str, system_prompt: str) -> list[dict]:
+    msgs = []
+    if system_prompt:
+        msgs.append({"role": "system", "content": system_prompt})
+    msgs.append({"role": "user", "content": question})
+    return msgs
+
+
+def to_rows(problems: list[Problem], system_prompt: str) -> list[dict]:
+    """Rows for TRL: 'prompt' (chat messages) plus the columns reward functions receive."""
+    return [
+        {
+            "prompt": build_messages(p.question, system_prompt),
+            "answer": p.answer,
+            "difficulty": p.difficulty,
+            "question": p.question,
+            "problem_id": p.id,
+        }
+        for p in problems
+    ]

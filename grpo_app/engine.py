@@ -1,0 +1,475 @@
+"""The training job: curriculum stages of GRPO, a Fisher at each stage end, EWC in later stages.
+
+`train(cfg, run, reporter, resume)` is what the CLI and the web app both call. It reports through a
+small interface (`event`, `metrics`, `step`, `status`, `should_stop`) and never imports the UI.
+
+Per stage: draw the stage's problems, build a `CurriculumGRPOTrainer` (a fresh AdamW each stage),
+train `stage.steps` optimizer steps, then (if a later stage follows and EWC is on) estimate the
+diagonal Fisher on the stage's prompts and consolidate it with the anchor weights. Stop requests are
+honoured at the next step boundary with a resumable checkpoint.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import random
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import psutil
+import torch
+from transformers import TrainerCallback
+
+from .config import Config
+from .data import build_messages, stage_pool, to_rows
+from .ewc import EWCState, compute_fisher
+from .generation import SamplingParams, generate_completions, use_fast_attention
+from .models import apply_lora, count_parameters, freeze_embeddings, load_model
+from .rewards import build_rewards
+from .runs import RunDir, atomic_write_json
+from .trainer import CurriculumGRPOTrainer, EngineOptions, restore_forward
+
+
+class _NullReporter:
+    def event(self, kind, **data):
+        pass
+
+    def metrics(self, rec):
+        pass
+
+    def step(self, snapshot):
+        pass
+
+    def status(self, **fields):
+        pass
+
+    def should_stop(self):
+        return False
+
+
+def grpo_args(cfg: Config, stage_index: int, output_dir: Path, device: str):
+    from trl import GRPOConfig
+
+    g = cfg.grpo
+    gen_batch = g.prompts_per_step * g.num_generations
+    micro = cfg.micro_batch
+    accum = gen_batch // micro
+    stage = cfg.stages[stage_index]
+    return GRPOConfig(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=accum,
+        steps_per_generation=accum,
+        num_generations=g.num_generations,
+        max_completion_length=g.max_completion_length,
+        max_steps=stage.steps,
+        learning_rate=g.learning_rate,
+        lr_scheduler_type=g.lr_scheduler,
+        warmup_steps=g.warmup_steps,
+        weight_decay=g.weight_decay,
+        max_grad_norm=g.max_grad_norm if g.max_grad_norm > 0 else 1e9,
+        beta=g.beta,
+        epsilon=g.epsilon,
+        loss_type=g.loss_type,
+        scale_rewards=g.scale_rewards,
+        temperature=g.temperature,
+        top_p=g.top_p,
+        top_k=g.top_k or None,
+        num_iterations=1,
+        bf16=cfg.model.dtype == "bfloat16" and device == "cuda",
+        fp16=False,
+        use_cpu=device == "cpu",
+        gradient_checkpointing=g.gradient_checkpointing,
+        logging_steps=cfg.run.log_every,
+        save_strategy="steps" if cfg.run.save_every else "no",
+        save_steps=cfg.run.save_every or 10**9,
+        report_to=[],
+        seed=cfg.run.seed + stage_index,
+        data_seed=cfg.run.seed + stage_index,
+        disable_tqdm=True,
+        log_completions=False,
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        shuffle_dataset=True,
+        optim="adamw_torch",
+    )
+
+
+class _EngineCallback(TrainerCallback):
+    """Turns TRL's logs into metric records, honours stop requests, times steps."""
+
+    def __init__(self, cfg: Config, stage_index: int, offset: int, reporter, run_start: float, trainer_ref):
+        self.cfg, self.k, self.offset, self.reporter = cfg, stage_index, offset, reporter
+        self.run_start = run_start
+        self.trainer_ref = trainer_ref
+        self.last_time = None
+        self.last_gen = {"seconds": 0.0, "tokens": 0, "completions": 0}
+        self.stopped = False
+        self.proc = psutil.Process()
+
+    def on_train_begin(self, args, state, control, **kw):
+        self.last_time = time.time()
+
+    def on_step_end(self, args, state, control, **kw):
+        if state.global_step >= args.max_steps:
+            control.should_save = True  # every stage ends with a checkpoint (resume and the Fisher rely on it)
+        if self.reporter.should_stop():
+            self.stopped = True
+            control.should_training_stop = True
+            control.should_save = True
+
+    def on_log(self, args, state, control, logs=None, **kw):
+        logs = logs or {}
+        if "reward" not in logs:
+            return
+        now = time.time()
+        step_s = now - (self.last_time or now)
+        self.last_time = now
+        tr = self.trainer_ref()
+        gen = dict(tr.gen_totals) if tr is not None else self.last_gen
+        d_tok = gen["tokens"] - self.last_gen["tokens"]
+        d_comp = gen["completions"] - self.last_gen["completions"]
+        d_gen_s = gen["seconds"] - self.last_gen["seconds"]
+        self.last_gen = gen
+        stage = self.cfg.stages[self.k]
+        rewards = {
+            key.split("/")[1]: v for key, v in logs.items() if key.startswith("rewards/") and key.endswith("/mean")
+        }
+        steps_done = self.offset + state.global_step
+        rec = {
+            "step": steps_done,
+            "stage": self.k,
+            "stage_name": stage.name,
+            "stage_step": state.global_step,
+            "time": now,
+            "elapsed": now - self.run_start,
+            "reward": logs.get("reward"),
+            "reward_std": logs.get("reward_std"),
+            "rewards": rewards,
+            "frac_zero_std": logs.get("frac_reward_zero_std"),
+            "loss": logs.get("loss"),
+            "kl": logs.get("kl"),
+            "ewc_penalty": logs.get("ewc_penalty", 0.0),
+            "entropy": logs.get("entropy"),
+            "completion_length": logs.get("completions/mean_length"),
+            "truncated_ratio": logs.get("gen/truncated_ratio", logs.get("completions/clipped_ratio")),
+            "stopped_at_answer": logs.get("gen/stopped_at_answer"),
+            "skipped_zero_adv": logs.get("skipped_zero_advantage"),
+            "grad_norm": logs.get("grad_norm"),
+            "lr": logs.get("learning_rate"),
+            "step_seconds": step_s,
+            "gen_seconds": d_gen_s,
+            "tokens_per_s": d_tok / step_s if step_s > 0 else None,
+            "gen_tokens_per_s": d_tok / d_gen_s if d_gen_s > 0 else None,
+            "completions_per_s": d_comp / step_s if step_s > 0 else None,
+            "rss_mb": self.proc.memory_info().rss / 2**20,
+        }
+        self.reporter.metrics(rec)
+        self.reporter.status(stage=self.k, stage_name=stage.name, step=steps_done, stage_step=state.global_step)
+
+
+def _reference_samples(tokenizer, problems, system_prompt: str, n: int, seed: int):
+    rng = random.Random(seed)
+    picks = rng.sample(problems, min(n, len(problems)))
+    out = []
+    for p in picks:
+        prompt = tokenizer.apply_chat_template(
+            build_messages(p.question, system_prompt), add_generation_prompt=True, tokenize=True
+        )
+        if isinstance(prompt, dict) or hasattr(prompt, "keys"):
+            prompt = prompt["input_ids"]
+        completion = tokenizer(p.solution, add_special_tokens=False)["input_ids"]
+        out.append((prompt, completion))
+    return out
+
+
+def _fresh_samples(model, tokenizer, problems, cfg: Config, n: int, seed: int):
+    """Sample the policy once per prompt (used when a resumed run has no recent samples)."""
+    rng = random.Random(seed)
+    picks = rng.sample(problems, min(n, len(problems)))
+    prompts = []
+    for p in picks:
+        ids = tokenizer.apply_chat_template(
+            build_messages(p.question, cfg.data.system_prompt), add_generation_prompt=True, tokenize=True
+        )
+        prompts.append(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    params = SamplingParams(
+        max_new_tokens=cfg.grpo.max_completion_length,
+        temperature=cfg.grpo.temperature,
+        top_p=cfg.grpo.top_p,
+        top_k=cfg.grpo.top_k,
+        stop_at_answer=cfg.grpo.stop_at_answer,
+        seed=seed,
+    )
+    out = generate_completions(model, tokenizer, prompts, params)
+    return [(p, c) for p, c in zip(prompts, out.completion_ids) if c]
+
+
+def prepare_model(cfg: Config, device: str = "auto"):
+    model, tok, spec = load_model(
+        cfg.model.name, dtype=cfg.model.dtype, device=cfg.model.device, threads=cfg.model.threads, seed=cfg.run.seed
+    )
+    if cfg.model.lora:
+        model = apply_lora(model, cfg.model)
+    elif not cfg.model.train_embeddings:
+        freeze_embeddings(model)
+    use_fast_attention(model)
+    model.train()
+    return model, tok, spec
+
+
+def save_final(model, tokenizer, run: RunDir, info: dict) -> Path:
+    """Save a from_pretrained-loadable model into run/final (LoRA merged), atomically."""
+    import shutil
+    import uuid
+
+    target = run.final_dir
+    tmp = target.parent / f".final.tmp-{uuid.uuid4().hex[:6]}"
+    to_save = model
+    try:
+        from peft import PeftModel
+
+        if isinstance(model, PeftModel):
+            import copy
+
+            to_save = copy.deepcopy(model).merge_and_unload()
+    except ImportError:  # pragma: no cover
+        pass
+    restore_forward(to_save)
+    to_save.config._attn_implementation = "sdpa"
+    to_save.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "grpo_app.json").write_text(json.dumps(info, indent=1))
+    if target.exists():
+        shutil.rmtree(target)
+    tmp.replace(target)
+    if hasattr(model, "set_attn_implementation"):
+        use_fast_attention(model)
+    return target
+
+
+def load_checkpoint_weights(model, folder: Path) -> None:
+    """Load the trained weights of a checkpoint folder into `model` (full or LoRA)."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    adapter = folder / "adapter_model.safetensors"
+    if adapter.is_file():
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(model, load_file(str(adapter)))
+        return
+    state = load_file(str(folder / "model.safetensors"))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {"lm_head.weight"}
+    if unexpected or set(missing) - tied:
+        raise RuntimeError(
+            f"checkpoint {folder.name} does not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
+
+
+def _ewc_saved(run: RunDir, k: int) -> bool:
+    d = run.ewc_dir / f"stage-{k}"
+    return (d / "ewc.json").is_file() and (d / "ewc.safetensors").is_file()
+
+
+class _Job:
+    """One call of `train`: holds the model and the state shared by the stages."""
+
+    def __init__(self, cfg: Config, run: RunDir, reporter):
+        self.cfg, self.run, self.reporter = cfg, run, reporter
+        self.t_start = time.time()
+        self.model = self.tok = self.spec = None
+        self.ewc: EWCState | None = None
+        self.rewards, self.weights = build_rewards(cfg.rewards.weights)
+
+    # -- the Fisher at a stage end ----------------------------------------------------------------
+    def consolidate(self, k: int, pool, recent: list) -> None:
+        cfg = self.cfg
+        self.reporter.status(phase=f"Fisher after stage {k + 1}")
+        n = cfg.ewc.fisher_samples
+        note = cfg.ewc.fisher_source
+        if cfg.ewc.fisher_source == "reference":
+            samples = _reference_samples(self.tok, pool.problems, cfg.data.system_prompt, n, cfg.run.seed + k)
+        elif len(recent) >= n:
+            samples = random.Random(cfg.run.seed + k).sample(recent, n)
+        else:
+            samples = _fresh_samples(self.model, self.tok, pool.problems, cfg, n, cfg.run.seed + k)
+            note = "sampled (fresh: the run was resumed at this stage end)"
+        fisher, stats = compute_fisher(self.model, samples)
+        self.ewc.consolidate(self.model, fisher, {"stage": k, "name": cfg.stages[k].name, "samples": stats.samples})
+        del fisher
+        self.ewc.save(self.run.ewc_dir / f"stage-{k}")
+        self.reporter.event(
+            "fisher_done",
+            stage=k,
+            samples=stats.samples,
+            seconds=round(stats.seconds, 2),
+            source=note,
+            mean=stats.mean,
+            max=stats.max,
+            top=stats.top,
+        )
+        gc.collect()
+
+    # -- one stage ---------------------------------------------------------------------------------
+    def run_stage(self, k: int, offset: int, device: str, resume_from: str | None):
+        cfg, run, reporter = self.cfg, self.run, self.reporter
+        stage = cfg.stages[k]
+        pool = stage_pool(stage, cfg.data, seed=cfg.data.seed + k)
+        active_ewc = self.ewc if (self.ewc is not None and self.ewc.active) else None
+        reporter.event(
+            "stage_start",
+            stage=k,
+            name=stage.name,
+            source=pool.source,
+            origin=pool.origin,
+            problems=len(pool.problems),
+            steps=stage.steps,
+            ewc=active_ewc is not None,
+        )
+        reporter.status(stage=k, stage_name=stage.name, phase=f"stage {k + 1}/{len(cfg.stages)}: {stage.name}")
+        from datasets import Dataset
+
+        dataset = Dataset.from_list(to_rows(pool.problems, cfg.data.system_prompt))
+        box: dict = {}
+
+        def on_group(snap):
+            reporter.step({**snap, "stage": k, "stage_name": stage.name, "step": offset + snap["stage_step"]})
+
+        def checkpoint_hook(folder: Path, tr):
+            atomic_write_json(
+                folder / "engine_state.json",
+                {
+                    "stage_index": k,
+                    "stage_step": tr.state.global_step,
+                    "global_step": offset + tr.state.global_step,
+                    "ewc_stages": len(self.ewc.stages) if self.ewc is not None else 0,
+                    "time": time.time(),
+                },
+            )
+
+        cb = _EngineCallback(cfg, k, offset, reporter, self.t_start, lambda: box.get("t"))
+        trainer = CurriculumGRPOTrainer(
+            model=self.model,
+            processing_class=self.tok,
+            reward_funcs=self.rewards,
+            args=grpo_args(cfg, k, run.checkpoints_dir / f"stage-{k}", device),
+            train_dataset=dataset,
+            callbacks=[cb],
+            ewc=active_ewc,
+            engine_options=EngineOptions(
+                fast_generation=cfg.grpo.fast_generation,
+                stop_at_answer=cfg.grpo.stop_at_answer,
+                share_prompt_prefix=cfg.grpo.share_prompt_prefix,
+                skip_zero_advantage=cfg.grpo.skip_zero_advantage,
+                top_k=cfg.grpo.top_k,
+                recent_samples=max(cfg.ewc.fisher_samples * 4, 64),
+                optimizer=cfg.grpo.optimizer,
+            ),
+            on_group=on_group,
+            checkpoint_hook=checkpoint_hook,
+        )
+        trainer.reward_weights = torch.tensor(self.weights, dtype=torch.float32)
+        box["t"] = trainer
+        trainer.train(resume_from_checkpoint=resume_from)
+        run.prune_checkpoints(self.cfg.run.keep_checkpoints)
+        recent = list(trainer.recent_samples)
+        del trainer, box["t"]
+        restore_forward(self.model)
+        gc.collect()
+        return pool, recent, cb.stopped
+
+
+def train(cfg: Config, run: RunDir, reporter=None, resume: bool = False) -> str:
+    """Run (or resume) the job described by `cfg` in `run`. Returns 'completed' or 'stopped'."""
+    reporter = reporter or _NullReporter()
+    job = _Job(cfg, run, reporter)
+    torch.manual_seed(cfg.run.seed)
+    random.seed(cfg.run.seed)
+    n_stages = len(cfg.stages)
+
+    ck = run.latest_checkpoint() if resume else None
+    if resume and ck is None:
+        raise RuntimeError("no complete checkpoint to resume from")
+    reporter.status(status="running", phase="loading model")
+    job.model, job.tok, job.spec = prepare_model(cfg)
+    device = next(job.model.parameters()).device.type
+    total, trainable = count_parameters(job.model)
+    reporter.event(
+        "model_loaded",
+        model=job.spec.label,
+        parameters=total,
+        trainable=trainable,
+        seconds=round(time.time() - job.t_start, 2),
+        device=device,
+        threads=torch.get_num_threads(),
+    )
+    job.ewc = EWCState(cfg.ewc.lam, cfg.ewc.gamma, cfg.ewc.normalize) if cfg.ewc.enabled else None
+
+    # Where to start: a checkpoint inside stage k resumes that stage's trainer; a checkpoint at the
+    # end of stage k loads its weights, then (re)does the Fisher of stage k if it was not saved.
+    k0, resume_from = 0, None
+    if ck is not None:
+        k0 = ck["stage_index"]
+        done = ck["stage_step"] >= cfg.stages[k0].steps
+        if job.ewc is not None and k0 > 0:
+            job.ewc = EWCState.load(run.ewc_dir / f"stage-{k0 - 1}", lam=cfg.ewc.lam)
+        dropped = run.truncate_metrics_after(ck["global_step"])
+        reporter.event(
+            "resumed",
+            stage=k0,
+            stage_step=ck["stage_step"],
+            step=ck["global_step"],
+            checkpoint=Path(ck["path"]).name,
+            dropped_metric_lines=dropped,
+        )
+        if done:
+            load_checkpoint_weights(job.model, Path(ck["path"]))
+            if job.ewc is not None and k0 < n_stages - 1:
+                if _ewc_saved(run, k0):
+                    job.ewc = EWCState.load(run.ewc_dir / f"stage-{k0}", lam=cfg.ewc.lam)
+                else:
+                    pool = stage_pool(cfg.stages[k0], cfg.data, seed=cfg.data.seed + k0)
+                    job.consolidate(k0, pool, [])
+            k0 += 1
+        else:
+            resume_from = ck["path"]
+
+    offset = sum(s.steps for s in cfg.stages[:k0])
+    for k in range(k0, n_stages):
+        pool, recent, stopped = job.run_stage(k, offset, device, resume_from if k == k0 else None)
+        if stopped:
+            last = run.latest_checkpoint() or {}
+            reporter.event(
+                "stopped", stage=k, step=last.get("global_step", offset), checkpoint=Path(last.get("path", "")).name
+            )
+            return "stopped"
+        offset += cfg.stages[k].steps
+        reporter.event("stage_end", stage=k, name=cfg.stages[k].name, step=offset)
+        if job.ewc is not None and k < n_stages - 1:
+            job.consolidate(k, pool, recent)
+            if reporter.should_stop():  # asked during the Fisher pass: stop at this stage boundary
+                reporter.event("stopped", stage=k, step=offset, checkpoint="end of stage")
+                return "stopped"
+
+    reporter.status(phase="saving final model")
+    info = {
+        "run_id": run.id,
+        "preset": cfg.preset,
+        "base_model": cfg.model.name,
+        "stages": [asdict(s) for s in cfg.stages],
+        "trained_seconds": round(time.time() - job.t_start, 1),
+    }
+    path = save_final(job.model, job.tok, run, info)
+    reporter.event("final_saved", path=str(path))
+    if cfg.run.eval_n > 0:
+        from .evaluation import evaluate_run_vs_base
+
+        reporter.status(phase="evaluating base vs trained")
+        res = evaluate_run_vs_base(run, n=cfg.run.eval_n)
+        reporter.event("eval_done", **{key: res[key] for key in ("n", "base_accuracy", "trained_accuracy", "p_value")})
+    reporter.event("finished", seconds=round(time.time() - job.t_start, 1))
+    return "completed"

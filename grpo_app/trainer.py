@@ -1,0 +1,350 @@
+"""CurriculumGRPOTrainer: TRL's GRPOTrainer with CPU-minded changes and an EWC term.
+
+What differs from `trl.GRPOTrainer` (everything else — rewards, advantages, the clipped loss,
+logging, checkpoints, resume — is TRL's own code):
+
+1. Generation uses `generation.generate_completions` (same model, same sampling distribution:
+   temperature / top-p / top-k; a group's prompt is prefilled once). With `stop_at_answer`, a
+   completion ends when its '#### <number>' line is complete.
+2. The generation batch is split into micro-batches without shuffling, so each micro-batch holds
+   whole groups (needed by 3 and 4).
+3. Log-probabilities: each distinct prompt (but its last token) runs once, its keys/values are
+   reused by the G completions, and the LM head projects only completion positions (TRL's CPU
+   path projects every position, prompt included). Same numbers, fewer FLOPs.
+4. With beta = 0 and no entropy bonus, a completion whose advantage is 0 contributes exactly 0 to
+   the loss and its gradient; its forward/backward is skipped and the loss is rescaled so the
+   result is identical (dapo needs no rescale: its normalizer counts the whole generation batch).
+5. The EWC penalty lambda/2 * sum F (theta - theta*)^2 is added to the loss once per optimizer
+   step and logged as `ewc_penalty`.
+6. Checkpoints are written to a staging folder and renamed into place when complete.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import trl.trainer.utils as _trl_utils
+from transformers import DynamicCache
+from trl import GRPOTrainer
+
+from .generation import SamplingParams, generate_completions
+from .optim import AdamWBF16Moments, trim_heap
+
+# TRL's fused LM head projects 32768 positions per chunk: a [32768, vocab] float32 block (and its
+# softmax temporaries) is ~0.5 GB at peak for SmolLM2. 512 positions keep the GEMMs efficient and
+# the peak small (measured: backward peak RSS 3.1 -> 2.6 GB, same step time).
+LOGPROB_CHUNK = 512
+if hasattr(_trl_utils, "_CHUNKED_LOGPROB_CHUNK_SIZE"):
+    _trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE = min(_trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE, LOGPROB_CHUNK)
+
+
+@dataclass
+class EngineOptions:
+    fast_generation: bool = True
+    stop_at_answer: bool = True
+    share_prompt_prefix: bool = True
+    skip_zero_advantage: bool = True
+    top_k: int = 0
+    recent_samples: int = 256  # (prompt, completion) pairs kept for a sampled Fisher
+    optimizer: str = "adamw_bf16_moments"  # or "adamw" (torch.optim.AdamW, fp32 moments)
+    trim_heap: bool = True  # give freed memory back to the OS after generation and each step
+
+
+def _unwrap_peft(model):
+    try:
+        from peft import PeftModel
+
+        if isinstance(model, PeftModel):
+            return model.get_base_model()
+    except ImportError:  # pragma: no cover
+        pass
+    return model
+
+
+def restore_forward(model) -> None:
+    """Undo TRL's `add_fused_lm_head` instance patch (each new trainer adds one)."""
+    _unwrap_peft(model).__dict__.pop("forward", None)
+
+
+class CurriculumGRPOTrainer(GRPOTrainer):
+    def __init__(
+        self,
+        *args,
+        ewc=None,
+        engine_options: EngineOptions | None = None,
+        on_group=None,
+        checkpoint_hook=None,
+        **kwargs,
+    ):
+        self.ewc = ewc
+        self.opts = engine_options or EngineOptions()
+        self.on_group = on_group  # callable(dict) with the latest group, after each generation
+        self.checkpoint_hook = checkpoint_hook  # callable(folder) to add files before a checkpoint is published
+        self.recent_samples: deque = deque(maxlen=self.opts.recent_samples)
+        self._staging_dir: str | None = None
+        self._ewc_step = -1
+        self.gen_totals = {"seconds": 0.0, "tokens": 0, "completions": 0}
+        super().__init__(*args, **kwargs)
+        # The engine reports metrics itself; HF's printer would dump every log dict to stdout.
+        from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+        self.remove_callback(PrinterCallback)
+        self.remove_callback(ProgressCallback)
+
+    def create_optimizer(self, model=None):
+        if self.optimizer is None and self.opts.optimizer == "adamw_bf16_moments":
+            opt_model = self.model if model is None else model
+            decay = set(self.get_decay_parameter_names(opt_model))
+            named = [(n, p) for n, p in opt_model.named_parameters() if p.requires_grad]
+            groups = [
+                {"params": [p for n, p in named if n in decay], "weight_decay": self.args.weight_decay},
+                {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0},
+            ]
+            self.optimizer = AdamWBF16Moments(
+                [g for g in groups if g["params"]],
+                lr=self.args.learning_rate,
+                betas=(self.args.adam_beta1, self.args.adam_beta2),
+                eps=self.args.adam_epsilon,
+            )
+            return self.optimizer
+        return super().create_optimizer(model)
+
+    def training_step(self, model, inputs, num_items_in_batch):
+        out = super().training_step(model, inputs, num_items_in_batch)
+        if self.opts.trim_heap:
+            trim_heap()  # activations of this micro-batch were just freed
+        return out
+
+    # ---- 1. generation ------------------------------------------------------------------------
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        if not self.opts.fast_generation or images is not None or multimodal_fields or self.use_vllm:
+            return super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
+        model = self.accelerator.unwrap_model(self.model)
+        params = SamplingParams(
+            max_new_tokens=self.max_completion_length,
+            temperature=self.temperature,
+            top_p=self.top_p if self.top_p is not None else 1.0,
+            top_k=self.opts.top_k,
+            stop_at_answer=self.opts.stop_at_answer,
+            seed=self.args.seed * 1_000_003 + self.state.global_step,
+        )
+        out = generate_completions(model, self._tokenizer, prompt_ids, params, eos_token_ids=list(self.eos_token_ids))
+        mode = "train" if self.model.training else "eval"
+        n = len(out.completion_ids)
+        self._metrics[mode]["gen/seconds"].append(out.seconds)
+        self._metrics[mode]["gen/tokens_per_second"].append(out.generated_tokens / max(out.seconds, 1e-9))
+        self._metrics[mode]["gen/completions"].append(n)
+        self._metrics[mode]["gen/stopped_at_answer"].append(out.stop_reasons.count("answer") / n)
+        self._metrics[mode]["gen/truncated_ratio"].append(out.stop_reasons.count("length") / n)
+        self.gen_totals["seconds"] += out.seconds
+        self.gen_totals["tokens"] += out.generated_tokens
+        self.gen_totals["completions"] += n
+        if self.opts.trim_heap:
+            trim_heap()  # the KV cache was just freed
+        for p, c in zip(prompt_ids, out.completion_ids):
+            if c:
+                self.recent_samples.append((list(p), list(c)))
+        return out.completion_ids, None
+
+    # ---- 2. micro-batches keep whole groups ------------------------------------------------------
+    def _prepare_inputs(self, generation_batch):
+        from trl.trainer.utils import split_tensor_dict
+
+        if not self.model.training:
+            return self._generate_and_score_completions(generation_batch)
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        if self._step % generate_every == 0 or self._buffered_inputs is None:
+            batch = self._generate_and_score_completions(generation_batch)
+            self._emit_groups(generation_batch)
+            self._buffered_inputs = split_tensor_dict(batch, self.args.steps_per_generation)
+        return self._buffered_inputs[self._step % self.args.steps_per_generation]
+
+    def _emit_groups(self, generation_batch):
+        """Hand the observer every group of this step: prompt, G completions, rewards, advantages."""
+        if self.on_group is None or not self._logs["prompt"]:
+            return
+        g = self.num_generations
+        n = len(generation_batch)
+        prompts = list(self._logs["prompt"])[-n:]
+        comps = list(self._logs["completion"])[-n:]
+        rewards = {name: list(v)[-n:] for name, v in self._logs["rewards"].items()}
+        adv = list(self._logs["advantages"])[-n:]
+        weights = dict(zip(self.reward_func_names, self.reward_weights.tolist()))
+
+        def text(x):
+            if isinstance(x, list) and x and isinstance(x[-1], dict):
+                return str(x[-1].get("content", ""))
+            return str(x)
+
+        def num(v):
+            return 0.0 if v != v else float(v)  # NaN (reward not applicable) counts as 0
+
+        groups = []
+        for s in range(0, n - g + 1, g):
+            rows = range(s, s + g)
+            totals = [sum(weights[k] * num(rewards[k][i]) for k in rewards) for i in rows]
+            mean = sum(totals) / g
+            std = (sum((t - mean) ** 2 for t in totals) / max(g - 1, 1)) ** 0.5
+            msgs = prompts[s] if isinstance(prompts[s], list) else []
+            groups.append(
+                {
+                    "question": str(generation_batch[s].get("question", text(prompts[s]))),
+                    "answer": str(generation_batch[s].get("answer", "")),
+                    "system": next((m.get("content", "") for m in msgs if m.get("role") == "system"), ""),
+                    "completions": [text(comps[i]) for i in rows],
+                    "rewards": {k: [num(rewards[k][i]) for i in rows] for k in rewards},
+                    "totals": totals,
+                    "mean": mean,
+                    "std": std,
+                    "advantages": [float(adv[i]) for i in rows],
+                }
+            )
+        try:
+            self.on_group({"stage_step": self.state.global_step + 1, "weights": weights, "groups": groups})
+        except Exception:  # an observer must never break training
+            pass
+
+    # ---- 3. log-probs with a shared prompt prefix, LM head on completion positions only -------------
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        **kwargs,
+    ):
+        multimodal = any(v is not None for v in kwargs.values())
+        if (
+            not self.opts.share_prompt_prefix
+            or multimodal
+            or compute_aux_loss
+            or input_ids.size(1) - logits_to_keep < 2
+        ):
+            return super()._get_per_token_logps_and_entropies(
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size=batch_size,
+                compute_entropy=compute_entropy,
+                compute_aux_loss=compute_aux_loss,
+                **kwargs,
+            )
+        batch_size = batch_size or input_ids.size(0)
+        logps, ents = [], []
+        for start in range(0, input_ids.size(0), batch_size):
+            sl = slice(start, start + batch_size)
+            lp, ent = self._shared_prefix_logps(
+                model, input_ids[sl], attention_mask[sl], logits_to_keep, compute_entropy
+            )
+            logps.append(lp)
+            ents.append(ent)
+        return torch.cat(logps), (torch.cat(ents) if compute_entropy else None), None
+
+    def _shared_prefix_logps(self, model, input_ids, attention_mask, logits_to_keep, compute_entropy):
+        cut = input_ids.size(1) - logits_to_keep - 1  # shared prefix: the prompt but its last token
+        key = torch.cat([input_ids[:, :cut], attention_mask[:, :cut]], dim=1)
+        uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
+        lm = _unwrap_peft(self.accelerator.unwrap_model(model))
+        backbone = getattr(lm, lm.base_model_prefix)
+        cache = DynamicCache()
+        with self.accelerator.autocast():
+            backbone(input_ids=uniq[:, :cut], attention_mask=uniq[:, cut:], past_key_values=cache, use_cache=True)
+        for layer in cache.layers:
+            layer.keys = layer.keys.index_select(0, inverse)
+            layer.values = layer.values.index_select(0, inverse)
+        suffix = input_ids[:, cut:]  # last prompt token + completion
+        labels = suffix.masked_fill(attention_mask[:, cut:] == 0, -100)
+        labels[:, 0] = -100
+        with self.accelerator.autocast():
+            out = model(
+                input_ids=suffix,
+                attention_mask=attention_mask,
+                past_key_values=cache,
+                labels=labels,
+                fused_lm_head=True,
+            )
+        entropy = out.entropy if compute_entropy else None
+        return out.log_probs, entropy
+
+    # ---- 4 and 5. loss ------------------------------------------------------------------------------
+    def _compute_loss(self, model, inputs):
+        mode = "train" if self.model.training else "eval"
+        can_skip = (
+            self.opts.skip_zero_advantage
+            and mode == "train"
+            and self.beta == 0.0
+            and not getattr(self, "_entropy_bonus_enabled", False)
+            and self.loss_type in ("dapo", "grpo", "dr_grpo", "bnpo")
+            and "tool_mask" not in inputs
+            and inputs["advantages"].dim() == 1
+        )
+        loss = None
+        if can_skip:
+            adv = inputs["advantages"]
+            keep = adv != 0
+            n, k = adv.numel(), int(keep.sum())
+            self._metrics[mode]["skipped_zero_advantage"].append((n - k) / max(n, 1))
+            if k == 0:
+                first = next(p for p in model.parameters() if p.requires_grad)
+                loss = first.sum() * 0.0
+            elif k < n:
+                idx = keep.nonzero(as_tuple=True)[0]
+                sub = {
+                    key: (v.index_select(0, idx) if torch.is_tensor(v) and v.dim() > 0 and v.size(0) == n else v)
+                    for key, v in inputs.items()
+                }
+                loss = super()._compute_loss(model, sub)
+                if self.loss_type in ("grpo", "dr_grpo"):
+                    loss = loss * (k / n)
+                elif self.loss_type == "bnpo":
+                    m = inputs["completion_mask"]
+                    loss = loss * (m.index_select(0, idx).sum() / m.sum().clamp(min=1))
+        if loss is None:
+            loss = super()._compute_loss(model, inputs)
+        if self.ewc is not None and self.ewc.active and mode == "train" and self._ewc_step != self.state.global_step:
+            # Parameters do not change inside an accumulation window: add the term (and its gradient) once.
+            self._ewc_step = self.state.global_step
+            t0 = time.perf_counter()
+            pen = self.ewc.penalty(self.accelerator.unwrap_model(model))
+            loss = loss + pen
+            self._metrics[mode]["ewc_penalty"].append(float(pen.detach()))
+            self._metrics[mode]["ewc_seconds"].append(time.perf_counter() - t0)
+        return loss
+
+    # ---- 6. atomic checkpoints --------------------------------------------------------------------
+    def _get_output_dir(self, trial):
+        return self._staging_dir or super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model, trial):
+        final_root = Path(super()._get_output_dir(trial))
+        name = f"checkpoint-{self.state.global_step}"
+        staging = final_root / ".staging"
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir(parents=True)
+        self._staging_dir = str(staging)
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._staging_dir = None
+        folder = staging / name
+        if self.checkpoint_hook is not None:
+            self.checkpoint_hook(folder, self)
+        (folder / "COMPLETE").write_text(str(time.time()))
+        target = final_root / name
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(folder, target)
+        shutil.rmtree(staging, ignore_errors=True)
