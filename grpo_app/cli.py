@@ -115,7 +115,7 @@ def _event_line(ev: dict) -> str:
 
 def cmd_train(args) -> int:
     from .config import ConfigError, load_config
-    from .runs import RunManager
+    from .runs import RunManager, runs_root
 
     try:
         overrides = list(args.set or [])
@@ -125,7 +125,7 @@ def cmd_train(args) -> int:
     except ConfigError as e:
         print("Invalid configuration:\n" + "\n".join(f"  {p}: {m}" for p, m in e.errors), file=sys.stderr)
         return 2
-    manager = RunManager(cfg.run.output_dir)
+    manager = RunManager(runs_root(cfg.run.output_dir))
     run = manager.start(cfg)
     print(f"Run {run.id} -> {run.path}")
     status = _watch(manager, run)

@@ -211,8 +211,15 @@ def generate_completions(
     params: SamplingParams,
     eos_token_ids: list[int] | None = None,
     compact_below: float = 0.75,
+    on_tokens=None,
+    should_stop=None,
 ) -> GenerationOutput:
-    """Sample one completion for each entry of `prompt_ids` (duplicates share one prefill)."""
+    """Sample one completion for each entry of `prompt_ids` (duplicates share one prefill).
+
+    on_tokens(results): called after every decode step with the token ids generated so far per row
+    (for streaming to a page). should_stop(): checked every step; True ends generation early
+    (rows then stop with reason "length").
+    """
     import time
 
     t0 = time.perf_counter()
@@ -279,8 +286,12 @@ def generate_completions(
                 generated += 1
                 if detector is not None and detector.done(results[r]):
                     reasons[r], alive[j] = "answer", False
+            if on_tokens is not None:
+                on_tokens(results)
             n_alive = sum(alive)
             if n_alive == 0 or step == params.max_new_tokens - 1:
+                break
+            if should_stop is not None and should_stop():
                 break
             # Finished rows ride along (their samples are ignored) until few enough remain that
             # copying the cache down to the live rows costs less than computing the dead ones.

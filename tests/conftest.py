@@ -1,0 +1,64 @@
+"""Shared fixtures. Fast tests use a tiny random model built here (no download); GSM8K comes from
+../shared/data/gsm8k (never copied into the repo); the hub is never contacted."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if SHARED_GSM8K.is_dir():
+    os.environ.setdefault("GRPO_APP_GSM8K_DIR", str(SHARED_GSM8K))
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from grpo_app.models import load_tokenizer, resolve_model
+
+    return load_tokenizer(resolve_model("tiny-random"))
+
+
+def make_tiny(tokenizer, arch: str = "llama", seed: int = 0):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from grpo_app.models import tiny_config
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(len(tokenizer), arch), dtype=torch.float32)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model.eval()
+
+
+@pytest.fixture
+def tiny_model(tokenizer):
+    return make_tiny(tokenizer)
+
+
+@pytest.fixture
+def runs_dir(tmp_path, monkeypatch):
+    d = tmp_path / "runs"
+    monkeypatch.setenv("GRPO_APP_RUNS_DIR", str(d))
+    return d
+
+
+def tiny_config_overrides(runs: Path, steps=(2, 2)) -> list[str]:
+    return [
+        "model.name=tiny-random",
+        f"run.output_dir={runs}",
+        "run.save_every=1",
+        f"stages[0].steps={steps[0]}",
+        f"stages[1].steps={steps[1]}",
+        "grpo.num_generations=4",
+        "grpo.prompts_per_step=2",
+        "grpo.max_completion_length=12",
+        "grpo.learning_rate=0.001",
+        "ewc.fisher_samples=4",
+    ]

@@ -1,0 +1,44 @@
+import subprocess
+import sys
+
+from .conftest import ROOT
+
+
+def cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "grpo_app", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env=env)
+
+
+def test_validate_reports_each_bad_field_and_exits_2():
+    r = cli("validate", "--config", "quick", "--set", "grpo.num_generations=1", "--set", "grpo.learning_rate=0")
+    assert r.returncode == 2
+    assert "grpo.num_generations" in r.stderr and "grpo.learning_rate" in r.stderr
+    assert "Traceback" not in r.stderr
+    ok = cli("validate", "--config", "classroom")
+    assert ok.returncode == 0 and "OK: preset 'classroom'" in ok.stdout
+
+
+def test_explain_lists_settings_rewards_presets():
+    assert "grpo.num_generations" in cli("explain").stdout
+    assert "correctness" in cli("explain", "rewards").stdout
+    assert "classroom" in cli("explain", "presets").stdout
+
+
+def test_train_bad_preset_is_a_clear_error():
+    r = cli("train", "--config", "clasroom")
+    assert r.returncode == 2 and "did you mean 'classroom'" in r.stderr.lower()
+
+
+def test_cli_train_eval_and_runs_on_tiny_model(tmp_path):
+    import os
+
+    env = dict(os.environ, GRPO_APP_RUNS_DIR=str(tmp_path))
+    r = cli("train", "--config", "tests/configs/tiny.yaml", "--set", "stages[1].steps=1", env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "stage 1 's1'" in r.stdout and "completed" in r.stdout
+    run_id = next(p.name for p in tmp_path.iterdir() if p.is_dir())
+    e = cli("eval", "--model", run_id, "--n", "4", "--max-new-tokens", "8", env=env)
+    assert e.returncode == 0, e.stderr[-2000:]
+    assert "accuracy" in e.stdout and "95% Wilson interval" in e.stdout
+    ls = cli("runs", env=env)
+    assert run_id in ls.stdout and "completed" in ls.stdout

@@ -1,0 +1,104 @@
+import pytest
+
+from grpo_app.config import ConfigError, Config, config_from_dict, list_presets, load_config, parse_override
+
+
+def errors_of(overrides, base="quick"):
+    with pytest.raises(ConfigError) as ei:
+        load_config(base, overrides)
+    return ei.value.errors
+
+
+def test_every_preset_loads_and_validates():
+    names = list_presets()
+    assert {"quick", "classroom"} <= set(names)
+    for name in names:
+        cfg = load_config(name)
+        assert cfg.stages and cfg.total_steps > 0
+
+
+@pytest.mark.parametrize(
+    "override, field, words",
+    [
+        ("grpo.num_generations=1", "grpo.num_generations", "at least 2"),  # G < 2
+        ("grpo.learning_rate=0", "grpo.learning_rate", "> 0"),  # lr <= 0
+        ("grpo.learning_rate=-1e-5", "grpo.learning_rate", "> 0"),
+        ("grpo.micro_batch_size=3", "grpo.micro_batch_size", "divisible"),  # 16 % 3
+        ("grpo.temperature=0", "grpo.temperature", "sampling"),
+        ("grpo.loss_type=ppo", "grpo.loss_type", "not one of"),
+        ("grpo.optimizer=sgd", "grpo.optimizer", "not one of"),
+        ("ewc.lam=-1", "ewc.lam", "0 or more"),
+        ("ewc.fisher_source=magic", "ewc.fisher_source", "not one of"),
+        ("stages[0].steps=0", "stages[0].steps", "at least 1"),
+        ("stages[0].max_difficulty=0", "stages[0].max_difficulty", "below min_difficulty"),
+        ("stages[0].source=wiki", "stages[0].source", "not one of"),
+        ("stages[0].operators=+x", "stages[0].operators", "+ - * /"),
+        ("run.name=../etc", "run.name", "letters"),
+        ("run.keep_checkpoints=0", "run.keep_checkpoints", "resume"),
+        ("model.name=not a model", "model.name", "neither"),
+        ("data.gsm8k=sometimes", "data.gsm8k", "not one of"),
+    ],
+)
+def test_invalid_values_name_the_field_and_the_fix(override, field, words):
+    errs = errors_of([override])
+    assert any(path == field and words in msg for path, msg in errs), errs
+
+
+def test_unknown_reward_suggests_the_close_name():
+    errs = errors_of(["rewards.weights={correctnes: 1.0}"])
+    assert any("unknown reward 'correctnes'" in m and "correctness" in m for _, m in errs)
+
+
+def test_unknown_yaml_key_is_rejected_with_suggestion():
+    with pytest.raises(ConfigError) as ei:
+        config_from_dict({"grpo": {"num_generatons": 4}})
+    (path, msg), = ei.value.errors
+    assert path == "grpo.num_generatons" and "num_generations" in msg
+    with pytest.raises(ConfigError) as ei:
+        config_from_dict({"optimiser": {}})
+    assert ei.value.errors[0][0] == "optimiser"
+
+
+def test_wrong_types_are_reported_not_coerced_silently():
+    with pytest.raises(ConfigError) as ei:
+        config_from_dict({"grpo": {"num_generations": "eight"}, "ewc": {"enabled": "maybe"}})
+    paths = [p for p, _ in ei.value.errors]
+    assert "grpo.num_generations" in paths and "ewc.enabled" in paths
+
+
+def test_bf16_on_cpu_without_support_is_rejected(monkeypatch):
+    import grpo_app.config as c
+
+    monkeypatch.setattr(c, "cpu_supports_bf16", lambda: False)
+    errs = errors_of(["model.dtype=bfloat16", "model.device=cpu"])
+    assert any(p == "model.dtype" and "float32" in m for p, m in errs)
+
+
+def test_overrides_and_lambda_alias():
+    cfg = load_config("quick", ["grpo.num_generations=4", "stages[1].steps=5", "ewc.lambda=7.5"])
+    assert cfg.grpo.num_generations == 4 and cfg.stages[1].steps == 5 and cfg.ewc.lam == 7.5
+    assert parse_override("stages[0].name=warmup") == (["stages", 0, "name"], "warmup")
+    with pytest.raises(ConfigError):
+        parse_override("no-equals-sign")
+    with pytest.raises(ConfigError):
+        load_config("quick", ["stages[9].steps=1"])
+
+
+def test_several_errors_are_reported_together():
+    errs = errors_of(["grpo.num_generations=1", "grpo.learning_rate=0"])
+    assert {"grpo.num_generations", "grpo.learning_rate"} <= {p for p, _ in errs}
+
+
+def test_yaml_roundtrip():
+    cfg = load_config("quick")
+    again = config_from_dict(__import__("yaml").safe_load(cfg.to_yaml()))
+    assert again.to_dict() == cfg.to_dict()
+    assert isinstance(again, Config)
+
+
+def test_invalid_yaml_text_gives_line_number(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("grpo:\n  num_generations: [4\n")
+    with pytest.raises(ConfigError) as ei:
+        load_config(str(p))
+    assert "line" in str(ei.value)

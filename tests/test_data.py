@@ -1,0 +1,127 @@
+import pytest
+
+from grpo_app.config import DataConfig, StageConfig
+from grpo_app.data import (
+    DataError,
+    answers_match,
+    extract_answer,
+    extract_final_answer,
+    gsm8k_difficulty,
+    has_final_line,
+    heldout_pool,
+    load_gsm8k,
+    normalize_number,
+    parse_custom_dataset,
+    stage_pool,
+)
+
+
+@pytest.mark.parametrize(
+    "text, answer, how",
+    [
+        ("#### 72", "72", "marker"),  # GSM8K convention
+        ("48/2 = 24\n#### $1,200.50", "1200.5", "marker"),  # dollars and thousands separators
+        ("#### -3.", "-3", "marker"),  # trailing period
+        ("#### 3/4", "0.75", "marker"),  # a fraction
+        ("#### 5\nthen #### 6", "6", "marker"),  # the last marker wins
+        ("the answer is 42.", "42", "last_number"),  # flexible fallback
+        ("7 apples and 1,000 pears", "1000", "last_number"),
+        ("no digits here", None, "none"),
+        ("", None, "none"),
+    ],
+)
+def test_extract_answer(text, answer, how):
+    assert extract_answer(text) == (answer, how)
+
+
+def test_strict_extraction_has_no_fallback():
+    assert extract_final_answer("the answer is 42") is None
+    assert extract_answer("the answer is 42", fallback=False) == (None, "none")
+
+
+@pytest.mark.parametrize(
+    "text, ok",
+    [
+        ("2+3=5\n#### 5", True),
+        ("#### 5\n", True),
+        ("#### 5 apples", False),  # the final line must be only the number
+        ("#### 5\nI hope this helps", False),  # something after the answer line
+        ("5", False),
+        ("####", False),
+    ],
+)
+def test_has_final_line(text, ok):
+    assert has_final_line(text) is ok
+
+
+def test_normalize_and_match():
+    assert normalize_number("$1,234") == "1234"
+    assert normalize_number("0.50") == "0.5"
+    assert normalize_number("abc") is None
+    assert answers_match("1200.50", "1200.5") and answers_match("3", "3.0000001")
+    assert not answers_match("3", "4") and not answers_match(None, "4")
+
+
+def test_gsm8k_difficulty_counts_calculator_steps():
+    assert gsm8k_difficulty("a <<2*3=6>> b <<6+1=7>>\n#### 7") == 2
+    assert gsm8k_difficulty("#### 7") == 0
+
+
+def test_gsm8k_local_folder_is_used():
+    probs, origin = load_gsm8k("test", DataConfig())
+    assert len(probs) == 1319 and "local folder" in origin
+    assert all(p.answer is not None for p in probs)
+    assert probs[0].difficulty == gsm8k_difficulty(probs[0].solution)
+
+
+def test_offline_mode_falls_back_to_generated_tasks():
+    stage = StageConfig(name="g", source="gsm8k", min_difficulty=2, max_difficulty=4, num_problems=20)
+    pool = stage_pool(stage, DataConfig(gsm8k="offline"), seed=1)
+    assert pool.source == "gsm_symbolic" and "GSM8K unavailable" in pool.origin
+    assert len(pool.problems) == 20 and all(2 <= p.difficulty <= 4 for p in pool.problems)
+
+
+def test_stage_selects_by_difficulty():
+    stage = StageConfig(name="e", source="gsm8k", min_difficulty=1, max_difficulty=2, num_problems=50)
+    pool = stage_pool(stage, DataConfig(), seed=0)
+    assert pool.source == "gsm8k" and len(pool.problems) == 50
+    assert all(1 <= p.difficulty <= 2 for p in pool.problems)
+    arith = stage_pool(StageConfig(name="a", source="arithmetic", min_difficulty=2, max_difficulty=2,
+                                   operators="+-", num_problems=30), DataConfig(), seed=0)
+    assert all(p.difficulty == 2 and p.source == "arithmetic" for p in arith.problems)
+    assert all("*" not in p.question and "/" not in p.question for p in arith.problems)
+
+
+def test_impossible_difficulty_range_is_a_clear_error():
+    stage = StageConfig(name="x", source="gsm8k", min_difficulty=40, max_difficulty=50, num_problems=10)
+    with pytest.raises(DataError, match="widen the range"):
+        stage_pool(stage, DataConfig(), seed=0)
+
+
+def test_heldout_is_disjoint_from_training_pool():
+    stage = StageConfig(name="a", source="arithmetic", min_difficulty=1, max_difficulty=1, num_problems=300)
+    train = stage_pool(stage, DataConfig(), seed=5)
+    train_q = {p.question for p in train.problems}
+    held = heldout_pool(stage, DataConfig(), n=200, seed=5, exclude_questions=train_q)
+    assert len(held.problems) == 200
+    assert not train_q & {p.question for p in held.problems}
+    assert len({p.question for p in held.problems}) == 200  # no duplicates either
+
+
+def test_custom_dataset_good_and_bad_rows():
+    good = b'{"question": "What is 2+2?", "answer": "4"}\n{"question": "Q2", "answer": "x <<1+1=2>>\\n#### 2"}\n'
+    probs = parse_custom_dataset(good, "d.jsonl")
+    assert [p.answer for p in probs] == ["4", "2"] and probs[1].difficulty == 1
+    bad = b'{"question": "ok", "answer": "4"}\nnot json\n{"question": "", "answer": "1"}\n{"question": "q", "answer": "many"}\n'
+    with pytest.raises(DataError) as ei:
+        parse_custom_dataset(bad, "d.jsonl")
+    msg = str(ei.value)
+    assert "3 bad rows" in msg and "line 2" in msg and "line 3" in msg and "line 4" in msg
+    csv_ok = parse_custom_dataset(b"question,answer\nHow many?,12\n", "d.csv")
+    assert csv_ok[0].answer == "12"
+    with pytest.raises(DataError, match="header"):
+        parse_custom_dataset(b"q,a\n1,2\n", "d.csv")
+    with pytest.raises(DataError, match="UTF-8"):
+        parse_custom_dataset(b"\xff\xfe\x00bad", "d.jsonl")
+    with pytest.raises(DataError, match=".jsonl or .csv"):
+        parse_custom_dataset(b"x", "d.txt")

@@ -1,0 +1,89 @@
+import pytest
+
+from grpo_app.config import DataConfig
+from grpo_app.data import Problem
+from grpo_app.evaluation import (
+    EvalSettings,
+    compare_csv,
+    eval_problems,
+    evaluate,
+    mcnemar_exact,
+    paired,
+    score_output,
+    summarize,
+    wilson_interval,
+)
+
+
+def test_wilson_interval_known_values():
+    lo, hi = wilson_interval(0, 10)
+    assert lo == 0.0 and hi == pytest.approx(0.2775, abs=1e-4)
+    lo, hi = wilson_interval(5, 10)
+    assert (lo, hi) == (pytest.approx(0.2366, abs=1e-4), pytest.approx(0.7634, abs=1e-4))
+    lo, hi = wilson_interval(81, 263)  # textbook example
+    assert lo == pytest.approx(0.2553, abs=1e-3) and hi == pytest.approx(0.3662, abs=1e-3)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_mcnemar_exact_known_values():
+    assert mcnemar_exact(0, 0) == 1.0
+    assert mcnemar_exact(5, 5) == 1.0
+    assert mcnemar_exact(0, 10) == pytest.approx(2 / 1024)
+    assert mcnemar_exact(2, 12) == pytest.approx(0.01294, abs=1e-5)  # binom.test(2, 14) two-sided
+
+
+def rec(i, correct, fmt=False, d=1):
+    return {"id": str(i), "correct": correct, "strict_correct": correct and fmt, "has_format": fmt, "difficulty": d,
+            "tokens": 10, "question": "q", "gold": "1", "pred": "1" if correct else "2", "output": "o"}
+
+
+def test_paired_counts_discordant_pairs():
+    base = [rec(0, True), rec(1, False), rec(2, False), rec(3, True)]
+    trained = [rec(0, True), rec(1, True), rec(2, True), rec(3, False)]
+    p = paired(base, trained)
+    assert (p["only_base"], p["only_trained"], p["both"], p["neither"]) == (1, 2, 1, 0)
+    assert p["difference"] == pytest.approx(0.25) and p["p_value"] == pytest.approx(1.0)
+
+
+def test_summary_by_difficulty_and_format():
+    s = summarize([rec(0, True, True, 1), rec(1, False, True, 2), rec(2, True, False, 2)])
+    assert s["accuracy"] == pytest.approx(2 / 3) and s["format_rate"] == pytest.approx(2 / 3)
+    assert s["strict_accuracy"] == pytest.approx(1 / 3)
+    assert s["by_difficulty"]["2"]["n"] == 2 and s["by_difficulty"]["2"]["accuracy"] == 0.5
+
+
+def test_score_output_uses_the_shared_extractor():
+    assert score_output("2+2=4\n#### 4", "4") == {"pred": "4", "how": "marker", "correct": True,
+                                                  "strict_correct": True, "has_format": True}
+    s = score_output("I think it is 4", "4")
+    assert s["correct"] and not s["strict_correct"] and s["how"] == "last_number"
+
+
+def test_evaluate_tiny_model_end_to_end(tiny_model, tokenizer):
+    probs = [Problem(str(i), f"What is {i}+1?", str(i + 1), f"#### {i + 1}", 1, "arithmetic") for i in range(5)]
+    res = evaluate(tiny_model, tokenizer, probs, EvalSettings(n=5, max_new_tokens=8, batch_size=2))
+    assert [r["id"] for r in res["records"]] == [p.id for p in probs]
+    s = res["summary"]
+    assert s["n"] == 5 and 0 <= s["accuracy"] <= 1 and s["ci"][0] <= s["accuracy"] <= s["ci"][1]
+    assert all(r["tokens"] <= 8 for r in res["records"])
+    import csv
+    import io
+
+    rows = list(csv.reader(io.StringIO(compare_csv({"base": res, "trained": res}))))
+    assert len(rows) == 6 and rows[1][0] == "0" and rows[1][10] == res["records"][0]["output"]
+
+
+def test_eval_problems_gsm8k_and_heldout():
+    probs, origin = eval_problems(EvalSettings(n=20, seed=3), DataConfig())
+    assert len(probs) == 20 and "GSM8K test" in origin
+    again, _ = eval_problems(EvalSettings(n=20, seed=3), DataConfig())
+    assert [p.id for p in again] == [p.id for p in probs]  # fixed seed, same problems
+    ar, origin = eval_problems(EvalSettings(n=30, source="arithmetic", min_difficulty=1, max_difficulty=1), DataConfig())
+    assert len(ar) == 30 and "held-out" in origin
+
+
+def test_settings_bounds():
+    with pytest.raises(ValueError, match="N must be"):
+        EvalSettings(n=0).validate()
+    with pytest.raises(ValueError, match="difficulty"):
+        EvalSettings(min_difficulty=3, max_difficulty=1).validate()

@@ -1,0 +1,143 @@
+"""The engine end to end on a tiny random model: stages, Fisher, EWC, checkpoints, stop, resume."""
+
+import json
+import os
+import time
+
+import pytest
+import torch
+
+from grpo_app.config import load_config
+from grpo_app.rewards import REWARD_FUNCS, completion_text
+from grpo_app.runs import RunDir, RunInProgressError, RunManager, append_jsonl, read_jsonl
+
+
+def text_length(prompts, completions, **kw):
+    """Test reward: a random model's completions differ in length, so groups get advantages."""
+    return [len(completion_text(c)) / 100 for c in completions]
+
+
+@pytest.fixture
+def varied_reward(monkeypatch):
+    monkeypatch.setitem(REWARD_FUNCS, "text_length", text_length)
+
+
+def tiny_cfg(runs, *extra):
+    return load_config("tests/configs/tiny.yaml", [f"run.output_dir={runs}",
+                                                    "rewards.weights={correctness: 1.0, text_length: 1.0}", *extra])
+
+
+def wait_until(pred, timeout=120):
+    t = time.time()
+    while time.time() - t < timeout:
+        if pred():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_two_stage_run_with_ewc(runs_dir, varied_reward):
+    from transformers import AutoModelForCausalLM
+
+    from grpo_app.models import load_model
+
+    cfg = tiny_cfg(runs_dir)
+    mgr = RunManager(runs_dir)
+    run = mgr.start(cfg)
+    assert mgr.wait(300)
+    st = run.read_status()
+    assert st["status"] == "completed", st
+    metrics = run.metrics()
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    assert [m["stage"] for m in metrics] == [0, 0, 1, 1]
+    assert all(m["ewc_penalty"] == 0 for m in metrics if m["stage"] == 0)
+    assert all(m["ewc_penalty"] > 0 for m in metrics[3:]), metrics  # weights moved away from the anchor
+    for key in ("reward", "loss", "completion_length", "rss_mb", "tokens_per_s", "step_seconds"):
+        assert all(m[key] is not None for m in metrics), key
+    assert set(metrics[0]["rewards"]) == {"correctness", "text_length"}
+    events = [e["event"] for e in run.events()]
+    assert events[:2] == ["model_loaded", "stage_start"]
+    assert "fisher_done" in events and events[-1] == "finished"
+    assert (run.ewc_dir / "stage-0" / "ewc.safetensors").is_file()
+    step = json.loads(run.step_path.read_text())
+    assert step["step"] == 4 and len(step["groups"]) == 2 and len(step["groups"][0]["completions"]) == 4
+    g = step["groups"][0]
+    assert len(g["advantages"]) == 4 and abs(sum(g["advantages"])) < 1e-3  # advantages are centred per group
+    # final/ reloads and differs from the base weights
+    trained = AutoModelForCausalLM.from_pretrained(run.final_dir)
+    base, _, _ = load_model("tiny-random", seed=cfg.run.seed)
+    tp, bp = dict(trained.named_parameters()), dict(base.named_parameters())
+    changed = [n for n in bp if not torch.equal(bp[n], tp[n])]
+    assert changed and "model.embed_tokens.weight" not in changed  # embeddings frozen by default
+    assert all(ck["stage_index"] in (0, 1) for ck in run.checkpoints())
+    assert len(run.checkpoints()) <= cfg.run.keep_checkpoints
+
+
+def test_stop_then_resume_continues_from_the_checkpoint(runs_dir, varied_reward):
+    cfg = tiny_cfg(runs_dir, "stages[0].steps=3", "stages[1].steps=3")
+    mgr = RunManager(runs_dir)
+    run = mgr.start(cfg)
+    assert wait_until(lambda: len(mgr.snapshot()["metrics"]) >= 1)
+    assert mgr.stop()
+    assert mgr.wait(300)
+    assert run.read_status()["status"] == "stopped"
+    ck = run.latest_checkpoint()
+    assert ck is not None and (run.path / "checkpoints").is_dir()
+    stopped_at = ck["global_step"]
+    assert stopped_at < 6
+    assert any(e["event"] == "stopped" for e in run.events())
+    with pytest.raises(ValueError):
+        mgr.resume("../etc")
+    run2 = mgr.resume(run.id)
+    assert run2.id == run.id
+    assert mgr.wait(300)
+    assert run.read_status()["status"] == "completed"
+    steps = [m["step"] for m in run.metrics()]
+    assert steps == list(range(1, 7)), steps  # no gap, no duplicate
+    resumed = [e for e in run.events() if e["event"] == "resumed"]
+    assert resumed and resumed[0]["step"] == stopped_at
+    with pytest.raises(ValueError, match="already completed"):
+        mgr.resume(run.id)
+
+
+def test_only_one_job_at_a_time(runs_dir, varied_reward):
+    mgr = RunManager(runs_dir)
+    mgr.start(tiny_cfg(runs_dir, "stages[0].steps=3"))
+    try:
+        with pytest.raises(RunInProgressError, match="in progress"):
+            mgr.start(tiny_cfg(runs_dir))
+        other = RunManager(runs_dir)  # another manager (e.g. another process) on the same folder
+        with pytest.raises(RunInProgressError):
+            other.start(tiny_cfg(runs_dir))
+    finally:
+        mgr.stop()
+        mgr.wait(300)
+
+
+def test_torn_last_line_is_skipped(tmp_path):
+    p = tmp_path / "m.jsonl"
+    append_jsonl(p, {"step": 1, "x": float("nan")})
+    with open(p, "a") as fh:
+        fh.write('{"step": 2, "x"')  # a crash mid-write
+    assert read_jsonl(p) == [{"step": 1, "x": None}]
+
+
+def test_dead_process_run_is_reported_interrupted(tmp_path):
+    cfg = load_config("quick")
+    run = RunDir.create(tmp_path, cfg)
+    run.write_status(status="running", pid=2**22 + 12345, pid_started=1.0)
+    assert run.effective_status() == "interrupted"
+    run.write_status(status="running", pid=os.getpid(), pid_started=__import__("psutil").Process().create_time())
+    assert run.effective_status() == "running"
+
+
+def test_incomplete_checkpoint_is_never_chosen(tmp_path):
+    run = RunDir.create(tmp_path, load_config("quick"))
+    good = run.checkpoints_dir / "stage-0" / "checkpoint-2"
+    bad = run.checkpoints_dir / "stage-0" / "checkpoint-4"
+    for d, state in ((good, {"stage_index": 0, "stage_step": 2, "global_step": 2}),
+                     (bad, {"stage_index": 0, "stage_step": 4, "global_step": 4})):
+        d.mkdir(parents=True)
+        (d / "engine_state.json").write_text(json.dumps(state))
+    (good / "COMPLETE").write_text("x")
+    assert run.latest_checkpoint()["stage_step"] == 2

@@ -1,0 +1,134 @@
+"""The CPU shortcuts in CurriculumGRPOTrainer must give TRL's numbers."""
+
+import pytest
+import torch
+from datasets import Dataset
+
+from grpo_app.config import load_config
+from grpo_app.engine import grpo_args
+from grpo_app.ewc import EWCState, compute_fisher
+from grpo_app.generation import use_fast_attention
+from grpo_app.models import freeze_embeddings
+from grpo_app.rewards import build_rewards
+from grpo_app.trainer import CurriculumGRPOTrainer, EngineOptions, restore_forward
+
+from .conftest import make_tiny
+
+
+def make_trainer(tmp_path, model, tok, ewc=None, loss_type="dapo", **opts):
+    cfg = load_config("tests/configs/tiny.yaml", [f"grpo.loss_type={loss_type}"])
+    funcs, weights = build_rewards(cfg.rewards.weights)
+    ds = Dataset.from_list([{"prompt": [{"role": "user", "content": "1+1?"}], "answer": "2"}] * 8)
+    tr = CurriculumGRPOTrainer(model=model, processing_class=tok, reward_funcs=funcs,
+                               args=grpo_args(cfg, 0, tmp_path, "cpu"), train_dataset=ds, ewc=ewc,
+                               engine_options=EngineOptions(**opts))
+    tr.model.train()
+    tr.current_gradient_accumulation_steps = tr.args.gradient_accumulation_steps  # set by train() normally
+    return tr
+
+
+def batch(tok, g=3):
+    """Two prompts of different lengths (left-padded), g completions each of different lengths (right-padded)."""
+    torch.manual_seed(1)
+    p1 = torch.randint(10, 400, (5,))
+    p2 = torch.randint(10, 400, (8,))
+    prompts, pmask, comps, cmask = [], [], [], []
+    for p in (p1, p2):
+        for j in range(g):
+            prompts.append(torch.cat([torch.full((8 - len(p),), tok.pad_token_id), p]))
+            pmask.append(torch.cat([torch.zeros(8 - len(p), dtype=torch.long), torch.ones(len(p), dtype=torch.long)]))
+            n = 4 + j
+            comps.append(torch.cat([torch.randint(10, 400, (n,)), torch.full((6 - n,), tok.pad_token_id)])[:6])
+            cmask.append(torch.tensor([1] * min(n, 6) + [0] * (6 - min(n, 6))))
+    return torch.stack(prompts), torch.stack(pmask), torch.stack(comps), torch.stack(cmask)
+
+
+def test_shared_prefix_logprobs_equal_trl(tmp_path, tokenizer):
+    model = make_tiny(tokenizer)
+    use_fast_attention(model)
+    pi, pm, ci, cm = batch(tokenizer)
+    ids, mask = torch.cat([pi, ci], 1), torch.cat([pm, cm], 1)
+    shared = make_trainer(tmp_path / "a", model, tokenizer, share_prompt_prefix=True)
+    lp1, ent1, _ = shared._get_per_token_logps_and_entropies(model, ids, mask, ci.size(1), compute_entropy=True)
+    plain = make_trainer(tmp_path / "b", model, tokenizer, share_prompt_prefix=False)
+    lp2, ent2, _ = plain._get_per_token_logps_and_entropies(model, ids, mask, ci.size(1), compute_entropy=True)
+    torch.testing.assert_close(lp1 * cm, lp2 * cm, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(ent1 * cm, ent2 * cm, rtol=1e-4, atol=1e-5)
+    restore_forward(model)
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "bnpo", "dr_grpo"])
+def test_skipping_zero_advantage_rows_gives_identical_gradients(tmp_path, tokenizer, loss_type):
+    pi, pm, ci, cm = batch(tokenizer)
+    inputs = {"prompt_ids": pi, "prompt_mask": pm, "completion_ids": ci, "completion_mask": cm,
+              "advantages": torch.tensor([0.0, 1.2, -1.2, 0.0, 0.0, 0.0]), "num_items_in_batch": cm.sum()}
+    grads = []
+    for skip in (True, False):
+        model = make_tiny(tokenizer)
+        freeze_embeddings(model)
+        tr = make_trainer(tmp_path / str(skip), model, tokenizer, loss_type=loss_type, skip_zero_advantage=skip)
+        loss = tr._compute_loss(model, dict(inputs))
+        loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        if skip:
+            assert tr._metrics["train"]["skipped_zero_advantage"] == [4 / 6]
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for n in grads[0]:
+        torch.testing.assert_close(grads[0][n], grads[1][n], rtol=1e-4, atol=1e-7)
+
+
+def test_all_zero_advantages_still_give_a_differentiable_zero_loss(tmp_path, tokenizer):
+    model = make_tiny(tokenizer)
+    pi, pm, ci, cm = batch(tokenizer)
+    tr = make_trainer(tmp_path, model, tokenizer)
+    inputs = {"prompt_ids": pi, "prompt_mask": pm, "completion_ids": ci, "completion_mask": cm,
+              "advantages": torch.zeros(6), "num_items_in_batch": cm.sum()}
+    loss = tr._compute_loss(model, inputs)
+    assert loss.item() == 0.0
+    loss.backward()
+
+
+def test_ewc_penalty_is_added_once_per_optimizer_step(tmp_path, tokenizer):
+    model = make_tiny(tokenizer)
+    freeze_embeddings(model)
+    fisher, _ = compute_fisher(model, [([1, 2, 3], [4, 5])])
+    ewc = EWCState(lam=100.0)
+    ewc.consolidate(model, fisher)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.01)
+    pi, pm, ci, cm = batch(tokenizer)
+    inputs = {"prompt_ids": pi, "prompt_mask": pm, "completion_ids": ci, "completion_mask": cm,
+              "advantages": torch.zeros(6), "num_items_in_batch": cm.sum()}
+    tr = make_trainer(tmp_path, model, tokenizer, ewc=ewc)
+    first = tr._compute_loss(model, dict(inputs))
+    second = tr._compute_loss(model, dict(inputs))  # same optimizer step: no second penalty
+    expected = ewc.penalty_value(model)
+    assert expected > 0
+    assert first.item() == pytest.approx(expected, rel=1e-5) and second.item() == 0.0
+    assert tr._metrics["train"]["ewc_penalty"] == [pytest.approx(expected, rel=1e-5)]
+
+
+def test_bf16_moment_adamw_tracks_torch_adamw():
+    from grpo_app.optim import AdamWBF16Moments
+
+    torch.manual_seed(0)
+    w1 = torch.nn.Parameter(torch.randn(64, 32))
+    w2 = torch.nn.Parameter(w1.detach().clone())
+    o1 = torch.optim.AdamW([w1], lr=1e-2, weight_decay=0.1)
+    o2 = AdamWBF16Moments([w2], lr=1e-2, weight_decay=0.1)
+    start = w1.detach().clone()
+    for _ in range(20):
+        g = torch.randn(64, 32)
+        w1.grad, w2.grad = g.clone(), g.clone()
+        o1.step()
+        o2.step()
+    moved = (w1.detach() - start).abs().mean()
+    assert moved > 1e-2
+    assert (w1.detach() - w2.detach()).abs().max() < 0.02 * moved.item() * 20  # bf16 rounding of moments only
+    assert o2.state[w2]["exp_avg"].dtype == torch.bfloat16
+    sd = o2.state_dict()
+    o3 = AdamWBF16Moments([torch.nn.Parameter(w2.detach().clone())], lr=1e-2)
+    o3.load_state_dict(sd)
+    assert o3.state_dict()["state"][0]["exp_avg"].dtype == torch.bfloat16
