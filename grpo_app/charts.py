@@ -1,0 +1,464 @@
+"""Training and evaluation charts: recorded metrics -> Plotly figures. No Gradio import.
+
+Every figure shows only what the run recorded (a metric that was never logged gets no trace) and
+marks the curriculum: step charts shade each stage's steps, the memory chart (wall-clock time)
+shades stages and the Fisher passes between them. `layout.uirevision` is set to the run id so a
+browser that re-renders a figure with the same uirevision keeps the user's zoom.
+
+Inputs are the plain records of `runs.RunStore` / a run folder:
+  metrics  [{step, stage, stage_name, reward, rewards{name: mean}, loss, kl, ewc_penalty, ...}]
+  events   [{time, event, stage, name, ...}]
+  memory   [{time, rss_mb}]
+  stages   [{name, steps}] (the config's plan; optional, else derived from the metrics)
+"""
+
+from __future__ import annotations
+
+import math
+
+import plotly.graph_objects as go
+
+# Okabe-Ito: distinguishable for colour-blind viewers and on a washed-out projector.
+COLORS = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
+STAGE_FILLS = ["rgba(0,114,178,0.08)", "rgba(230,159,0,0.12)", "rgba(0,158,115,0.10)", "rgba(204,121,167,0.10)"]
+FISHER_FILL = "rgba(120,120,120,0.18)"
+FONT = dict(size=15)
+HEIGHT = 370
+MAX_MEMORY_POINTS = 2000
+
+
+# ------------------------------------------------------------------------------------------------
+# Helpers
+# ------------------------------------------------------------------------------------------------
+def _num(v) -> float | None:
+    """A finite float or None (JSONL stores NaN/inf as null; be defensive anyway)."""
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _series(metrics: list[dict], key: str) -> tuple[list, list]:
+    """(steps, values) for every record where `key` was recorded."""
+    xs, ys = [], []
+    for r in metrics:
+        v = _num(r.get(key))
+        if v is not None and r.get("step") is not None:
+            xs.append(r["step"])
+            ys.append(v)
+    return xs, ys
+
+
+def smooth(values: list[float], weight: float = 0.6) -> list[float]:
+    """Debiased exponential moving average (TensorBoard's smoothing); weight 0 = no smoothing."""
+    out, last, norm = [], 0.0, 0.0
+    for v in values:
+        last = weight * last + (1 - weight) * v
+        norm = weight * norm + (1 - weight)
+        out.append(last / norm if norm else v)
+    return out
+
+
+def stage_spans(metrics: list[dict], stages: list[dict] | None = None) -> list[dict]:
+    """Stage extents on the step axis: [{index, name, x0, x1}] (x0/x1 halfway between steps).
+
+    With `stages` (the config's plan) the spans cover every planned step, including steps not yet
+    trained; otherwise they are read off the recorded metrics.
+    """
+    spans = []
+    if stages:
+        offset = 0
+        for k, s in enumerate(stages):
+            n = int(s.get("steps") or 0)
+            spans.append(
+                {"index": k, "name": str(s.get("name", f"stage {k + 1}")), "x0": offset + 0.5, "x1": offset + n + 0.5}
+            )
+            offset += n
+        return spans
+    by_stage: dict[int, dict] = {}
+    for r in metrics:
+        k, step = r.get("stage"), r.get("step")
+        if k is None or step is None:
+            continue
+        sp = by_stage.setdefault(
+            int(k), {"index": int(k), "name": str(r.get("stage_name", f"stage {k + 1}")), "lo": step, "hi": step}
+        )
+        sp["lo"], sp["hi"] = min(sp["lo"], step), max(sp["hi"], step)
+    for k in sorted(by_stage):
+        sp = by_stage[k]
+        spans.append({"index": k, "name": sp["name"], "x0": sp["lo"] - 0.5, "x1": sp["hi"] + 0.5})
+    return spans
+
+
+def time_spans(events: list[dict], t0: float, t_end: float | None = None) -> list[dict]:
+    """Stage and Fisher periods in minutes since `t0`: [{kind: 'stage'|'fisher', index, name, x0, x1}]."""
+    spans: list[dict] = []
+    open_stage: dict | None = None
+    fisher_from: float | None = None
+    last_t = t0
+
+    def minutes(t):
+        return (t - t0) / 60.0
+
+    for ev in sorted(events, key=lambda e: e.get("time", 0)):
+        t, kind = ev.get("time"), ev.get("event")
+        if t is None:
+            continue
+        last_t = max(last_t, t)
+        if kind == "stage_start":
+            if open_stage is not None:  # a resumed stage restarts; close the interrupted span
+                open_stage["x1"] = minutes(t)
+                spans.append(open_stage)
+            k = int(ev.get("stage", 0))
+            open_stage = {"kind": "stage", "index": k, "name": str(ev.get("name", f"stage {k + 1}")), "x0": minutes(t)}
+        elif kind in ("stage_end", "stopped", "error", "finished") and open_stage is not None:
+            open_stage["x1"] = minutes(t)
+            spans.append(open_stage)
+            open_stage = None
+        if kind == "stage_end":
+            fisher_from = t
+        elif kind == "fisher_done" and fisher_from is not None:
+            k = int(ev.get("stage", 0))
+            spans.append(
+                {"kind": "fisher", "index": k, "name": f"Fisher {k + 1}", "x0": minutes(fisher_from), "x1": minutes(t)}
+            )
+            fisher_from = None
+    if open_stage is not None:
+        open_stage["x1"] = minutes(t_end if t_end is not None else last_t)
+        spans.append(open_stage)
+    return spans
+
+
+def _shade(fig: go.Figure, spans: list[dict], label: bool = True) -> None:
+    """Shaded bands (and a boundary line with the stage name) for each span, behind the traces."""
+    for sp in spans:
+        fisher = sp.get("kind") == "fisher"
+        fill = FISHER_FILL if fisher else STAGE_FILLS[sp["index"] % len(STAGE_FILLS)]
+        fig.add_vrect(x0=sp["x0"], x1=sp["x1"], fillcolor=fill, line_width=0, layer="below", name=sp["name"])
+        if not fisher:
+            fig.add_vline(x=sp["x0"], line=dict(color="rgba(80,80,80,0.55)", width=1, dash="dot"))
+        if label:
+            fig.add_annotation(
+                x=(sp["x0"] + sp["x1"]) / 2,
+                y=1.0,
+                xref="x",
+                yref="paper",
+                yanchor="top",
+                text=sp["name"] if fisher else f"{sp['index'] + 1}: {sp['name']}",
+                showarrow=False,
+                font=dict(size=12, color="#444"),
+                bgcolor="rgba(255,255,255,0.6)",
+            )
+
+
+def _layout(fig: go.Figure, title: str, xtitle: str, ytitle: str, uirevision, y2title: str | None = None) -> go.Figure:
+    fig.update_layout(
+        title=dict(text=title, x=0.01, xanchor="left", font=dict(size=18)),
+        template="plotly_white",
+        font=FONT,
+        height=HEIGHT,
+        margin=dict(l=60, r=60 if y2title else 20, t=60, b=100),
+        legend=dict(orientation="h", yanchor="top", y=-0.3, xanchor="left", x=0),
+        hovermode="x unified",
+        uirevision=uirevision if uirevision is not None else "static",
+        xaxis=dict(title=xtitle),
+        yaxis=dict(title=ytitle),
+    )
+    if y2title:
+        fig.update_layout(yaxis2=dict(title=y2title, overlaying="y", side="right", showgrid=False))
+    return fig
+
+
+def empty_figure(title: str, message: str, uirevision=None) -> go.Figure:
+    fig = go.Figure()
+    _layout(fig, title, "", "", uirevision)
+    fig.update_layout(xaxis=dict(visible=False), yaxis=dict(visible=False))
+    fig.add_annotation(
+        text=message, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False, font=dict(size=16, color="#666")
+    )
+    return fig
+
+
+def _step_axis(fig: go.Figure, spans: list[dict]) -> None:
+    if spans:
+        fig.update_xaxes(range=[min(s["x0"] for s in spans), max(s["x1"] for s in spans)])
+    fig.update_xaxes(rangemode="tozero", tickformat="d")
+
+
+# ------------------------------------------------------------------------------------------------
+# Training charts (x = optimizer step)
+# ------------------------------------------------------------------------------------------------
+def reward_figure(metrics: list[dict], stages: list[dict] | None = None, uirevision=None, smoothing: float = 0.6):
+    """Mean total reward per step, its smoothed line, and each reward function's mean."""
+    title = "Reward"
+    xs, ys = _series(metrics, "reward")
+    if not xs:
+        return empty_figure(title, "No steps recorded yet.", uirevision)
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            x=xs,
+            y=ys,
+            name="total reward",
+            mode="lines+markers",
+            line=dict(color=COLORS[0], width=1),
+            marker=dict(size=6),
+            opacity=0.55,
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=xs, y=smooth(ys, smoothing), name="total (smoothed)", mode="lines", line=dict(color=COLORS[0], width=4)
+        )
+    )
+    names: list[str] = []
+    for r in metrics:
+        for name in r.get("rewards") or {}:
+            if name not in names:
+                names.append(name)
+    for i, name in enumerate(names):
+        px, py = [], []
+        for r in metrics:
+            v = _num((r.get("rewards") or {}).get(name))
+            if v is not None:
+                px.append(r["step"])
+                py.append(v)
+        if px:
+            fig.add_trace(
+                go.Scatter(
+                    x=px,
+                    y=py,
+                    name=name,
+                    mode="lines",
+                    line=dict(color=COLORS[(i + 1) % len(COLORS)], width=2, dash="dot"),
+                )
+            )
+    spans = stage_spans(metrics, stages)
+    _shade(fig, spans)
+    _layout(fig, title, "step", "mean reward", uirevision)
+    _step_axis(fig, spans)
+    return fig
+
+
+def loss_figure(metrics: list[dict], stages: list[dict] | None = None, uirevision=None):
+    """GRPO loss (left axis); KL to the reference and the EWC penalty (right axis)."""
+    title = "Loss, KL and EWC penalty"
+    xs, ys = _series(metrics, "loss")
+    if not xs:
+        return empty_figure(title, "No steps recorded yet.", uirevision)
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=xs, y=ys, name="loss", mode="lines+markers", line=dict(color=COLORS[0], width=3)))
+    kx, ky = _series(metrics, "kl")
+    if kx:
+        fig.add_trace(go.Scatter(x=kx, y=ky, name="KL", mode="lines", yaxis="y2", line=dict(color=COLORS[2], width=2)))
+    ex, ey = _series(metrics, "ewc_penalty")
+    if ex:
+        fig.add_trace(
+            go.Scatter(
+                x=ex,
+                y=ey,
+                name="EWC penalty",
+                mode="lines+markers",
+                yaxis="y2",
+                line=dict(color=COLORS[3], width=2, dash="dash"),
+            )
+        )
+    spans = stage_spans(metrics, stages)
+    _shade(fig, spans)
+    _layout(fig, title, "step", "loss", uirevision, y2title="KL / EWC penalty" if (kx or ex) else None)
+    if not kx:
+        fig.add_annotation(
+            text="KL not computed (beta = 0)",
+            x=1,
+            y=-0.02,
+            xref="paper",
+            yref="paper",
+            xanchor="right",
+            yanchor="bottom",
+            showarrow=False,
+            font=dict(size=11, color="#777"),
+        )
+    _step_axis(fig, spans)
+    return fig
+
+
+def length_figure(metrics: list[dict], stages: list[dict] | None = None, uirevision=None):
+    """Mean completion length (tokens, left) and the share truncated / stopped at the answer (right)."""
+    title = "Completion length"
+    xs, ys = _series(metrics, "completion_length")
+    if not xs:
+        return empty_figure(title, "No steps recorded yet.", uirevision)
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(x=xs, y=ys, name="mean length (tokens)", mode="lines+markers", line=dict(color=COLORS[0], width=3))
+    )
+    tx, ty = _series(metrics, "truncated_ratio")
+    if tx:
+        fig.add_trace(
+            go.Scatter(
+                x=tx,
+                y=ty,
+                name="truncated (share)",
+                mode="lines",
+                yaxis="y2",
+                line=dict(color=COLORS[3], width=2, dash="dash"),
+            )
+        )
+    sx, sy = _series(metrics, "stopped_at_answer")
+    if sx:
+        fig.add_trace(
+            go.Scatter(
+                x=sx,
+                y=sy,
+                name="stopped at '####' (share)",
+                mode="lines",
+                yaxis="y2",
+                line=dict(color=COLORS[2], width=2, dash="dot"),
+            )
+        )
+    spans = stage_spans(metrics, stages)
+    _shade(fig, spans)
+    _layout(fig, title, "step", "tokens", uirevision, y2title="share of completions" if (tx or sx) else None)
+    if tx or sx:
+        fig.update_layout(yaxis2=dict(range=[0, 1.05], tickformat=".0%"))
+    _step_axis(fig, spans)
+    return fig
+
+
+def throughput_figure(metrics: list[dict], stages: list[dict] | None = None, uirevision=None):
+    """Generated tokens per second of wall time (whole step and generation only), completions per second."""
+    title = "Throughput"
+    xs, ys = _series(metrics, "tokens_per_s")
+    if not xs:
+        return empty_figure(title, "No steps recorded yet.", uirevision)
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(x=xs, y=ys, name="tokens/s (whole step)", mode="lines+markers", line=dict(color=COLORS[0], width=3))
+    )
+    gx, gy = _series(metrics, "gen_tokens_per_s")
+    if gx:
+        fig.add_trace(
+            go.Scatter(
+                x=gx, y=gy, name="tokens/s (generation)", mode="lines", line=dict(color=COLORS[5], width=2, dash="dot")
+            )
+        )
+    cx, cy = _series(metrics, "completions_per_s")
+    if cx:
+        fig.add_trace(
+            go.Scatter(
+                x=cx,
+                y=cy,
+                name="completions/s",
+                mode="lines",
+                yaxis="y2",
+                line=dict(color=COLORS[1], width=2, dash="dash"),
+            )
+        )
+    spans = stage_spans(metrics, stages)
+    _shade(fig, spans)
+    _layout(fig, title, "step", "tokens / s", uirevision, y2title="completions / s" if cx else None)
+    _step_axis(fig, spans)
+    return fig
+
+
+# ------------------------------------------------------------------------------------------------
+# Memory (x = wall-clock minutes, sampled every 0.5 s, generation included)
+# ------------------------------------------------------------------------------------------------
+def memory_figure(
+    memory: list[dict], events: list[dict] | None = None, t0: float | None = None, uirevision=None, gap_s: float = 5.0
+):
+    """Process RSS over time; a gap (the process was not running, e.g. before a resume) breaks the line."""
+    title = "Process memory (RSS)"
+    pts = [(m.get("time"), _num(m.get("rss_mb"))) for m in memory]
+    pts = [(t, v) for t, v in pts if t is not None and v is not None]
+    if not pts:
+        return empty_figure(title, "No memory samples yet.", uirevision)
+    pts.sort()
+    if len(pts) > MAX_MEMORY_POINTS:  # keep the figure light; keep the peak visible
+        stride = math.ceil(len(pts) / MAX_MEMORY_POINTS)
+        peak = max(pts, key=lambda p: p[1])
+        pts = sorted(set(pts[::stride] + [pts[-1], peak]))
+    t0 = pts[0][0] if t0 is None else min(t0, pts[0][0])
+    xs, ys = [], []
+    prev = None
+    for t, v in pts:
+        if prev is not None and t - prev > gap_s:
+            xs.append(None)
+            ys.append(None)
+        xs.append((t - t0) / 60.0)
+        ys.append(v)
+        prev = t
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(x=xs, y=ys, name="RSS (MB)", mode="lines", line=dict(color=COLORS[4], width=3), connectgaps=False)
+    )
+    peak = max(v for _, v in pts)
+    fig.add_hline(
+        y=peak,
+        line=dict(color="rgba(204,121,167,0.6)", width=1, dash="dot"),
+        annotation_text=f"peak {peak:,.0f} MB",
+        annotation_position="top left",
+    )
+    _shade(fig, time_spans(events or [], t0, pts[-1][0]))
+    _layout(fig, title, "minutes since start", "MB", uirevision)
+    fig.update_yaxes(rangemode="tozero")
+    return fig
+
+
+def training_figures(view: dict) -> dict[str, go.Figure]:
+    """All training charts of one run view ({run_id, metrics, events, memory, stages, started})."""
+    rev = view.get("run_id") or "none"
+    metrics, stages = view.get("metrics") or [], view.get("stages")
+    return {
+        "reward": reward_figure(metrics, stages, rev),
+        "loss": loss_figure(metrics, stages, rev),
+        "length": length_figure(metrics, stages, rev),
+        "memory": memory_figure(view.get("memory") or [], view.get("events") or [], view.get("started"), rev),
+        "throughput": throughput_figure(metrics, stages, rev),
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# Evaluation
+# ------------------------------------------------------------------------------------------------
+def difficulty_figure(result: dict, uirevision=None):
+    """Accuracy by difficulty for base and trained, with 95% Wilson intervals as error bars."""
+    title = "Accuracy by difficulty (95% intervals)"
+    if not result or "base" not in result or "trained" not in result:
+        return empty_figure(title, "Run a comparison to see this chart.", uirevision)
+    fig = go.Figure()
+    roles = (
+        ("base", result.get("base_label") or "base", COLORS[5]),
+        ("trained", result.get("trained_label") or "trained", COLORS[0]),
+    )
+    keys = sorted({int(d) for role, _, _ in roles for d in result[role]["summary"]["by_difficulty"]})
+    for role, label, color in roles:
+        by_d = result[role]["summary"]["by_difficulty"]
+        xs, ys, up, down, ns = [], [], [], [], []
+        for d in keys:
+            v = by_d.get(str(d))
+            if v is None:
+                continue
+            lo, hi = v["ci"]
+            xs.append(str(d))
+            ys.append(v["accuracy"])
+            up.append(hi - v["accuracy"])
+            down.append(v["accuracy"] - lo)
+            ns.append(v["n"])
+        fig.add_trace(
+            go.Bar(
+                x=xs,
+                y=ys,
+                name=f"{role}: {label}"[:60],
+                marker_color=color,
+                error_y=dict(type="data", symmetric=False, array=up, arrayminus=down, thickness=2, width=6),
+                customdata=ns,
+                hovertemplate="difficulty %{x}: %{y:.1%} (n=%{customdata})<extra></extra>",
+            )
+        )
+    _layout(fig, title, "difficulty (calculation steps)", "accuracy", uirevision or result.get("key"))
+    fig.update_layout(barmode="group", yaxis=dict(range=[0, 1.05], tickformat=".0%"), hovermode="closest")
+    return fig

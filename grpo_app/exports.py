@@ -1,0 +1,75 @@
+"""Files handed to a browser: a run's trained model as a zip, a comparison as CSV (no Gradio import).
+
+They are written to a private folder in the system temp directory (the web server may serve files
+from there, nothing else is exposed) and deleted after `max_age_s`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import uuid
+import zipfile
+from pathlib import Path
+
+from .runs import RunDir
+
+MAX_AGE_S = 3600.0
+
+
+def export_dir() -> Path:
+    d = Path(tempfile.gettempdir()) / "grpo_app_exports"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def clean_exports(max_age_s: float = MAX_AGE_S) -> int:
+    n, now = 0, time.time()
+    for p in export_dir().glob("*"):
+        try:
+            if p.is_dir():
+                for f in p.glob("*"):
+                    if now - f.stat().st_mtime > max_age_s:
+                        f.unlink()
+                        n += 1
+                if not any(p.iterdir()):
+                    p.rmdir()
+            elif now - p.stat().st_mtime > max_age_s:
+                p.unlink()
+                n += 1
+        except OSError:
+            pass
+    return n
+
+
+def _fresh_folder() -> Path:
+    clean_exports()
+    d = export_dir() / uuid.uuid4().hex[:12]
+    d.mkdir()
+    return d
+
+
+def zip_trained_model(run: RunDir) -> Path:
+    """`<run_id>-model.zip` holding run/final (from_pretrained-loadable). Stored, not deflated:
+    safetensors barely compress and zipping 500 MB should not take minutes."""
+    final = run.final_dir
+    if not (final / "config.json").is_file():
+        raise FileNotFoundError(f"run '{run.id}' has no trained model yet (it finishes with one).")
+    out = _fresh_folder() / f"{run.id}-model.zip"
+    tmp = out.with_suffix(".part")
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for f in sorted(final.rglob("*")):
+            if f.is_file():
+                zf.write(f, arcname=f"{run.id}/{f.relative_to(final)}")
+        if run.config_path.is_file():
+            zf.write(run.config_path, arcname=f"{run.id}/training_config.yaml")
+    os.replace(tmp, out)
+    return out
+
+
+def write_text_export(name: str, text: str) -> Path:
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name)[-100:].lstrip(".-") or "export.txt"
+    out = _fresh_folder() / safe
+    out.write_text(text, encoding="utf-8")
+    return out

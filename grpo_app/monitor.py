@@ -1,0 +1,240 @@
+"""What a page shows about training: a "view" of the live job or of a run folder (no Gradio import).
+
+A view is a plain dict: run_id, state, status, metrics, events, memory, latest_step, stages (the
+config's plan), total_steps, started, active, plus two change markers: `version` changes when
+anything but the memory samples changed, `mem_version` when memory samples arrived. Pages compare
+them with what they last drew and skip unchanged figures.
+
+The Train tab follows, in order: the job this server runs; otherwise the newest run folder (which
+may be a job of another process, e.g. the CLI, followed through its files); otherwise nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from .runs import ACTIVE, RunDir, RunManager, read_json, read_jsonl
+
+STATE_WORDS = {
+    "idle": "no run yet",
+    "created": "starting",
+    "running": "running",
+    "stopping": "stopping after this step",
+    "stopped": "stopped (resumable)",
+    "completed": "completed",
+    "failed": "failed",
+    "interrupted": "interrupted (resumable)",
+}
+
+_PLAN_CACHE: dict[str, tuple] = {}
+_DISK_CACHE: dict[str, dict] = {}
+_LOCK = threading.Lock()
+
+
+def empty_view() -> dict:
+    return {
+        "run_id": None,
+        "state": "idle",
+        "status": {"status": "idle"},
+        "metrics": [],
+        "events": [],
+        "memory": [],
+        "latest_step": None,
+        "stages": [],
+        "total_steps": 0,
+        "started": None,
+        "active": False,
+        "live": False,
+        "version": ("none",),
+        "mem_version": ("none",),
+    }
+
+
+def _sig(path: Path):
+    try:
+        st = path.stat()
+        return (st.st_mtime_ns, st.st_size)
+    except OSError:
+        return None
+
+
+def plan(run: RunDir) -> tuple[list[dict], int, dict]:
+    """The stages a run was configured with ([{name, steps}]), its total steps, and its reward weights."""
+    key = str(run.path)
+    sig = _sig(run.config_path)
+    with _LOCK:
+        hit = _PLAN_CACHE.get(key)
+        if hit is not None and hit[0] == sig:
+            return hit[1]
+    try:
+        cfg = run.config()
+        value = ([{"name": s.name, "steps": s.steps} for s in cfg.stages], cfg.total_steps, dict(cfg.rewards.weights))
+    except Exception:
+        value = ([], 0, {})
+    with _LOCK:
+        _PLAN_CACHE[key] = (sig, value)
+    return value
+
+
+def live_view(manager: RunManager) -> dict:
+    run = manager.current_run
+    if run is None:
+        return empty_view()
+    snap = manager.snapshot()
+    stages, total, _ = plan(run)
+    status = snap["status"] or {}
+    state = status.get("status", "unknown")
+    if not snap["active"] and state in ACTIVE:
+        state = run.effective_status()
+    return {
+        "run_id": run.id,
+        "state": state,
+        "status": status,
+        "metrics": snap["metrics"],
+        "events": snap["events"],
+        "memory": snap["memory"],
+        "latest_step": snap["latest_step"],
+        "stages": stages,
+        "total_steps": total or status.get("total_steps") or 0,
+        "started": status.get("started"),
+        "active": bool(snap["active"]),
+        "live": True,
+        "version": (run.id, "live", snap["version"], snap["active"]),
+        "mem_version": (run.id, "live", len(snap["memory"])),
+    }
+
+
+def disk_view(run: RunDir) -> dict:
+    """A run folder read from its files; re-read only when a file changed."""
+    key = str(run.path)
+    sigs = tuple(_sig(p) for p in (run.metrics_path, run.events_path, run.status_path, run.step_path, run.config_path))
+    mem_sig = _sig(run.memory_path)
+    state = run.effective_status()
+    with _LOCK:
+        hit = _DISK_CACHE.get(key)
+    if hit is None or hit["sigs"] != sigs or hit["view"]["state"] != state:
+        status = run.read_status()
+        stages, total, _ = plan(run)
+        view = {
+            "run_id": run.id,
+            "state": state,
+            "status": status,
+            "metrics": read_jsonl(run.metrics_path),
+            "events": read_jsonl(run.events_path),
+            "memory": [],
+            "latest_step": read_json(run.step_path),
+            "stages": stages,
+            "total_steps": total or status.get("total_steps") or 0,
+            "started": status.get("started"),
+            "active": state in ACTIVE,
+            "live": False,
+            "version": (run.id, "disk", sigs, state),
+            "mem_version": None,
+        }
+        hit = {"sigs": sigs, "view": view, "mem_sig": None}
+    if hit["mem_sig"] != mem_sig:
+        hit["view"]["memory"] = read_jsonl(run.memory_path)
+        hit["view"]["mem_version"] = (run.id, "disk", mem_sig)
+        hit["mem_sig"] = mem_sig
+    with _LOCK:
+        _DISK_CACHE.pop(key, None)  # re-insert: the dict's order is least recently used first
+        _DISK_CACHE[key] = hit
+        while len(_DISK_CACHE) > 16:
+            _DISK_CACHE.pop(next(iter(_DISK_CACHE)))
+    return dict(hit["view"])
+
+
+def current_view(manager: RunManager) -> dict:
+    """The live job of this server, else the newest run folder, else an empty view."""
+    if manager.active:
+        return live_view(manager)
+    runs = manager.runs()
+    newest = runs[0] if runs else None
+    cur = manager.current_run
+    if cur is not None and cur.config_path.is_file() and (newest is None or newest.id == cur.id):
+        return live_view(manager)
+    if newest is not None:
+        return disk_view(newest)
+    return empty_view()
+
+
+# ------------------------------------------------------------------------------------------------
+# Resume
+# ------------------------------------------------------------------------------------------------
+def resumable(run: RunDir) -> bool:
+    return run.effective_status() in ("stopped", "interrupted", "failed") and run.latest_checkpoint() is not None
+
+
+def resume_target(manager: RunManager) -> RunDir | None:
+    """The run 'Resume' continues: this server's last run if it can be resumed, else the newest resumable run."""
+    cur = manager.current_run
+    if cur is not None and not manager.active and resumable(cur):
+        return cur
+    for run in manager.runs()[:20]:
+        if resumable(run):
+            return run
+    return None
+
+
+# ------------------------------------------------------------------------------------------------
+# Progress: stage k/n, step, elapsed, ETA, tokens/s
+# ------------------------------------------------------------------------------------------------
+def _job_start(view: dict) -> float | None:
+    """Start of the current (or last) job: the last 'resumed' event, else the run's start."""
+    for ev in reversed(view.get("events") or []):
+        if ev.get("event") == "resumed":
+            return ev.get("time")
+    return view.get("started")
+
+
+def progress(view: dict, now: float | None = None) -> dict:
+    now = time.time() if now is None else now
+    st = view.get("status") or {}
+    metrics = view.get("metrics") or []
+    last = metrics[-1] if metrics else {}
+    n_stages = len(view.get("stages") or []) or int(st.get("stages") or 0)
+    stage = st.get("stage", last.get("stage"))
+    step = int(last.get("step") or st.get("step") or 0)
+    total = int(view.get("total_steps") or st.get("total_steps") or 0)
+    start = _job_start(view)
+    if view.get("active"):
+        elapsed = now - start if start else None
+    else:
+        ended = st.get("ended") or st.get("updated")
+        elapsed = (ended - start) if (start and ended and ended >= start) else None
+    eta = None
+    if view.get("active") and total and step < total:
+        recent = [m.get("step_seconds") for m in metrics[-5:] if m.get("step_seconds")]
+        if recent:
+            per_step = sorted(recent)[len(recent) // 2]
+            eta = per_step * (total - step)
+            fisher = [ev.get("seconds") for ev in view.get("events") or [] if ev.get("event") == "fisher_done"]
+            if fisher and stage is not None and n_stages:
+                eta += fisher[-1] * max(0, n_stages - 1 - int(stage))  # Fisher passes still ahead
+    return {
+        "run_id": view.get("run_id"),
+        "state": view.get("state", "idle"),
+        "state_text": STATE_WORDS.get(view.get("state", "idle"), view.get("state", "")),
+        "stage": (int(stage) + 1) if stage is not None else None,
+        "n_stages": n_stages,
+        "stage_name": st.get("stage_name", last.get("stage_name")),
+        "step": step,
+        "total_steps": total,
+        "elapsed_s": elapsed,
+        "eta_s": eta,
+        "tokens_per_s": last.get("tokens_per_s"),
+        "phase": st.get("phase"),
+        "error": st.get("error"),
+        "reward": last.get("reward"),
+    }
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    s = int(round(max(0.0, seconds)))
+    h, rem = divmod(s, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"

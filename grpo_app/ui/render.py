@@ -1,0 +1,462 @@
+"""HTML for the pages: status line, the inside of a GRPO step, comparison cards, answers, system.
+
+Pure functions of plain data (no Gradio import), so they are unit-tested like the charts. Every
+piece of text that came from a model, a dataset or a user is escaped.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from html import escape
+
+from ..monitor import fmt_duration
+
+STATE_COLORS = {
+    "running": "#0072B2",
+    "stopping": "#E69F00",
+    "created": "#0072B2",
+    "stopped": "#E69F00",
+    "interrupted": "#E69F00",
+    "completed": "#009E73",
+    "failed": "#D55E00",
+    "idle": "#777777",
+}
+
+
+def _e(x) -> str:
+    return escape(str(x), quote=True)
+
+
+def _pct(x, digits: int = 1) -> str:
+    return "–" if x is None else f"{100 * x:.{digits}f}%"
+
+
+def _fmt(x, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "–"
+    return f"{x:.{digits}f}"
+
+
+def badge(state: str, text: str | None = None) -> str:
+    color = STATE_COLORS.get(state, "#555")
+    return f'<span class="badge" style="background:{color}">{_e(text or state)}</span>'
+
+
+# ------------------------------------------------------------------------------------------------
+# Train tab
+# ------------------------------------------------------------------------------------------------
+def status_html(p: dict, note: str = "") -> str:
+    """One line a projector can show: run id, state, stage k/n, step, elapsed, ETA, tokens/s."""
+    if not p.get("run_id"):
+        return (
+            '<div class="status-line" id="status-line">'
+            + badge("idle", "no run yet")
+            + " <span>Pick a preset and click <b>Start training</b>.</span></div>"
+        )
+    parts = [badge(p["state"], p.get("state_text") or p["state"]), f'<span class="run-id">{_e(p["run_id"])}</span>']
+    if p.get("stage"):
+        parts.append(
+            f"<span>stage <b>{p['stage']}/{p.get('n_stages') or '?'}</b> {_e(p.get('stage_name') or '')}</span>"
+        )
+    parts.append(f"<span>step <b>{p.get('step', 0)}/{p.get('total_steps') or '?'}</b></span>")
+    parts.append(f"<span>elapsed <b>{fmt_duration(p.get('elapsed_s'))}</b></span>")
+    if p.get("state") in ("running", "stopping"):
+        parts.append(f"<span>ETA <b>{fmt_duration(p.get('eta_s'))}</b></span>")
+    if p.get("tokens_per_s"):
+        parts.append(f"<span><b>{p['tokens_per_s']:.0f}</b> tokens/s</span>")
+    if p.get("state") in ("running", "stopping") and p.get("phase"):
+        parts.append(f'<span class="phase">{_e(p["phase"])}</span>')
+    html = '<div class="status-line" id="status-line">' + " · ".join(parts) + "</div>"
+    if p.get("error"):
+        html += f'<div class="status-error">Error: {_e(p["error"])}</div>'
+    if note:
+        html += f'<div class="status-note">{note}</div>'
+    return html
+
+
+def _adv_style(a: float) -> str:
+    alpha = 0.12 + 0.7 * min(1.0, abs(a) / 2.0)
+    if abs(a) < 1e-6:
+        return "background:#eeeeee;color:#333"
+    rgb = "0,158,115" if a > 0 else "213,94,0"
+    text = "#fff" if alpha > 0.5 else "#111"
+    return f"background:rgba({rgb},{alpha:.2f});color:{text}"
+
+
+def step_html(step: dict | None, group: int = 0) -> str:
+    """The classroom view of one GRPO step: a prompt, its G completions, every reward, the total,
+    the group's mean and std, and each completion's advantage (green: pushed up, red: pushed down)."""
+    if not step or not step.get("groups"):
+        return (
+            '<div class="gs gs-empty">When training runs, the latest step appears here: the prompt, the G sampled '
+            "completions, what each reward function paid them, and the advantage GRPO gives each one.</div>"
+        )
+    groups = step["groups"]
+    group = max(0, min(int(group or 0), len(groups) - 1))
+    g = groups[group]
+    weights = step.get("weights") or {}
+    names = list(g.get("rewards", {}).keys())
+    n = len(g.get("completions", []))
+    head = (
+        f'<div class="gs-head">Step <b>{_e(step.get("step", "?"))}</b> · stage {int(step.get("stage", 0)) + 1} '
+        f"<i>{_e(step.get('stage_name', ''))}</i> · prompt {group + 1} of {len(groups)} · G = {n} completions</div>"
+    )
+    q = (
+        f'<div class="gs-q"><div><b>Question.</b> {_e(g.get("question", ""))}</div>'
+        f'<div class="gs-gold">Gold answer: <b>{_e(g.get("answer", ""))}</b></div></div>'
+    )
+    ths = "".join(
+        f'<th title="weight {_fmt(weights.get(k), 2)}">{_e(k)}<br><small>× {_fmt(weights.get(k), 2)}</small></th>'
+        for k in names
+    )
+    rows = []
+    for i in range(n):
+        comp = g["completions"][i]
+        cells = "".join(f'<td class="num">{_fmt(g["rewards"][k][i], 2)}</td>' for k in names)
+        adv = float(g["advantages"][i]) if i < len(g.get("advantages", [])) else 0.0
+        rows.append(
+            f'<tr><td class="num">{i + 1}</td><td class="comp"><div class="comp-text">{_e(comp) or "<i>(empty)</i>"}</div></td>'
+            f'{cells}<td class="num total">{_fmt(g["totals"][i], 2)}</td>'
+            f'<td class="num adv" style="{_adv_style(adv)}">{adv:+.2f}</td></tr>'
+        )
+    mean, std = g.get("mean", 0.0), g.get("std", 0.0)
+    foot = (
+        f'<tr class="gs-foot"><td></td><td>group mean <b>{_fmt(mean, 3)}</b> · std <b>{_fmt(std, 3)}</b></td>'
+        f'<td colspan="{len(names)}"></td><td class="num">{_fmt(mean, 2)}</td><td></td></tr>'
+    )
+    table = (
+        '<table class="gs-table"><thead><tr><th>#</th><th>Completion (sampled)</th>'
+        f"{ths}<th>Total</th><th>Advantage</th></tr></thead><tbody>{''.join(rows)}{foot}</tbody></table>"
+    )
+    if std is not None and std < 1e-9:
+        note = (
+            "All G completions got the same total, so every advantage is 0: this group gives no learning "
+            "signal (its backward pass is skipped)."
+        )
+    else:
+        note = (
+            "Advantage ≈ (total − group mean) / group std. Green completions are made more likely, red ones "
+            "less likely; the further from 0, the stronger the push. The model is only compared with itself."
+        )
+    return f'<div class="gs">{head}{q}{table}<div class="gs-note">{note}</div></div>'
+
+
+def group_choices(step: dict | None) -> list[tuple[str, int]]:
+    groups = (step or {}).get("groups") or []
+    out = []
+    for i, g in enumerate(groups):
+        q = str(g.get("question", ""))
+        out.append((f"{i + 1}: {q[:40]}{'…' if len(q) > 40 else ''}", i))
+    return out
+
+
+def _clock(t) -> str:
+    try:
+        return _dt.datetime.fromtimestamp(float(t)).strftime("%H:%M:%S")
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "--:--:--"
+
+
+def event_line(ev: dict) -> str | None:
+    """One event of a run in plain words (None for events a class does not need to see)."""
+    kind = ev.get("event")
+    k = int(ev.get("stage", 0) or 0) + 1
+    if kind == "model_loaded":
+        return (
+            f"model loaded: {ev.get('model')} ({(ev.get('parameters') or 0) / 1e6:.1f} M parameters, "
+            f"{(ev.get('trainable') or 0) / 1e6:.1f} M trained) on {ev.get('device', 'cpu')} with {ev.get('threads')} threads"
+        )
+    if kind == "stage_start":
+        return (
+            f"stage {k} *{ev.get('name')}* started: {ev.get('problems')} problems from {ev.get('origin')}, "
+            f"{ev.get('steps')} steps" + (", EWC penalty on" if ev.get("ewc") else "")
+        )
+    if kind == "stage_end":
+        return f"stage {k} *{ev.get('name')}* finished at step {ev.get('step')}"
+    if kind == "fisher_done":
+        return f"Fisher information of stage {k} estimated from {ev.get('samples')} samples in {float(ev.get('seconds') or 0):.1f} s"
+    if kind == "stopped":
+        return f"stopped at step {ev.get('step')}; checkpoint {ev.get('checkpoint') or '?'} saved (Resume continues from it)"
+    if kind == "resumed":
+        return f"resumed from step {ev.get('step')} (checkpoint {ev.get('checkpoint')})"
+    if kind == "final_saved":
+        return "trained model saved"
+    if kind == "eval_done":
+        return (
+            f"evaluated on {ev.get('n')} problems: base {_pct(ev.get('base_accuracy'))}, "
+            f"trained {_pct(ev.get('trained_accuracy'))}"
+        )
+    if kind == "finished":
+        return f"finished in {fmt_duration(ev.get('seconds'))}"
+    if kind == "error":
+        return f"**error**: {ev.get('message')}"
+    return None
+
+
+def events_md(events: list[dict], limit: int = 8) -> str:
+    """The latest events of a run, newest first, as a short Markdown list (markup in values escaped)."""
+    lines = []
+    for ev in reversed(events or []):
+        text = event_line(ev)
+        if text:
+            lines.append(f"- `{_clock(ev.get('time'))}` {_md_safe(text)}")
+        if len(lines) >= limit:
+            break
+    if not lines:
+        return "**Run log**\n\nNothing yet: events (stages, Fisher passes, stops) appear here."
+    return "**Run log** (newest first)\n\n" + "\n".join(lines)
+
+
+def _md_safe(text: str) -> str:
+    """Keep our own *emphasis*, neutralise HTML and links that came from names or messages."""
+    return escape(text, quote=False).replace("[", "\\[").replace("]", "\\]")
+
+
+def config_errors_md(errors: list[tuple[str, str]]) -> str:
+    lines = "\n".join(f"- **{p}**: {m}" for p, m in errors)
+    return f"**Nothing was started — fix these settings:**\n{lines}"
+
+
+# ------------------------------------------------------------------------------------------------
+# Compare tab
+# ------------------------------------------------------------------------------------------------
+def job_progress_html(job: dict | None, position: int = 0, busy_training: bool = False) -> str:
+    if not job:
+        return ""
+    st, prog = job["status"], job.get("progress") or {}
+    if st == "queued":
+        return f'<div class="job">Waiting in the queue (position {position}). One evaluation runs at a time.</div>'
+    if st == "cancelled":
+        return f'<div class="job job-bad">Cancelled{": " + _e(job["cancel_reason"]) if job.get("cancel_reason") else ""}.</div>'
+    if st == "failed":
+        return f'<div class="job job-bad">Failed: {_e(job.get("error") or "unknown error")}</div>'
+    done = 0
+    total = 0
+    parts = []
+    for role in ("base", "trained"):
+        d, t = prog.get(f"{role}_done", 0), prog.get(f"{role}_total", 0)
+        done, total = done + d, total + t
+        if t:
+            parts.append(f"{role}: {d}/{t}")
+    frac = 1.0 if st == "done" else (done / total if total else 0.0)
+    phase = _e(prog.get("phase", "")) if st == "running" else "finished"
+    note = " · a training run shares the CPU, so this is slower" if busy_training and st == "running" else ""
+    return (
+        f'<div class="job"><div class="bar"><div class="fill" style="width:{100 * frac:.1f}%"></div></div>'
+        f"<div>{phase}{' · ' if parts else ''}{' · '.join(parts)}{note}</div></div>"
+    )
+
+
+def _card(title: str, label: str, s: dict) -> str:
+    lo, hi = s["ci"]
+    return (
+        f'<div class="card"><div class="card-title">{_e(title)}</div><div class="card-model">{_e(label)}</div>'
+        f'<div class="card-big">{_pct(s["accuracy"])}</div>'
+        f'<div class="card-ci">95% interval {_pct(lo)} – {_pct(hi)} · {s["correct"]}/{s["n"]} correct</div>'
+        f'<div class="card-sub">format rate {_pct(s["format_rate"])} · strict (####) accuracy {_pct(s["strict_accuracy"])}</div></div>'
+    )
+
+
+def compare_summary_html(result: dict) -> str:
+    b, t, p = result["base"]["summary"], result["trained"]["summary"], result["paired"]
+    pv = p["p_value"]
+    if pv < 0.05:
+        verdict = "The difference is unlikely to be chance (p < 0.05)."
+    else:
+        verdict = "The difference could well be chance (p ≥ 0.05): more problems or more training are needed to tell."
+    cached = " · loaded from cache" if result.get("cached") else ""
+    return (
+        f'<div class="cards">{_card("Base", result.get("base_label", result.get("base_model", "")), b)}'
+        f"{_card('Trained', result.get('trained_label', result.get('trained_model', '')), t)}</div>"
+        f'<div class="paired">Paired test on the same {p["n"]} problems: only base right <b>{p["only_base"]}</b>, '
+        f"only trained right <b>{p['only_trained']}</b>, both <b>{p['both']}</b>, neither <b>{p['neither']}</b>. "
+        f"Exact McNemar <b>p = {pv:.3g}</b>. {verdict}</div>"
+        f'<div class="origin">{_e(result.get("origin", ""))} · seed {result.get("settings", {}).get("seed", "?")}{cached}</div>'
+    )
+
+
+COMPARE_HEADERS = ["#", "Difficulty", "Question", "Gold", "Base answer", "Base", "Trained answer", "Trained"]
+
+
+def compare_rows(result: dict) -> list[list]:
+    trained = {r["id"]: r for r in result["trained"]["records"]}
+    rows = []
+    for i, b in enumerate(result["base"]["records"], 1):
+        t = trained.get(b["id"], {})
+        rows.append(
+            [
+                i,
+                b["difficulty"],
+                b["question"],
+                b["gold"],
+                b.get("pred") if b.get("pred") is not None else "(none)",
+                "✓" if b["correct"] else "✗",
+                t.get("pred") if t.get("pred") is not None else "(none)",
+                "✓" if t.get("correct") else "✗",
+            ]
+        )
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------
+# Try tab
+# ------------------------------------------------------------------------------------------------
+def answer_html(title: str, label: str, state: dict | None, final: dict | None = None) -> str:
+    if state is None:
+        return f'<div class="answer"><div class="answer-title">{_e(title)}</div><div class="answer-model">{_e(label)}</div></div>'
+    body = _e(state.get("text", "")) or "<i>…</i>"
+    meta = f"{state.get('tokens', 0)} tokens"
+    if state.get("done") and state.get("seconds"):
+        meta += f" in {state['seconds']:.1f} s"
+        reason = {"eos": "ended", "answer": "stopped after its '####' line", "length": "hit the token limit"}.get(
+            state.get("stop"), ""
+        )
+        if reason:
+            meta += f" · {reason}"
+    elif not state.get("done"):
+        meta += " · generating…"
+    html = (
+        f'<div class="answer"><div class="answer-title">{_e(title)}</div><div class="answer-model">{_e(label)}</div>'
+        f'<div class="answer-text">{body}</div><div class="answer-meta">{meta}</div>'
+    )
+    if state.get("error"):
+        html += f'<div class="status-error">{_e(state["error"])}</div>'
+    if final is not None:
+        pred = final.get("pred")
+        how = {"marker": "after '####'", "last_number": "last number (no '####' line)", "none": ""}.get(
+            final.get("how"), ""
+        )
+        verdict = ""
+        if final.get("correct") is True:
+            verdict = ' <span class="ok">✓ correct</span>'
+        elif final.get("correct") is False:
+            verdict = f' <span class="bad">✗ expected {_e(final.get("gold"))}</span>'
+        html += f'<div class="answer-pred">Extracted answer: <b>{_e(pred) if pred is not None else "none"}</b> <small>{how}</small>{verdict}</div>'
+        rewards = final.get("rewards") or {}
+        if rewards:
+            cells = "".join(
+                f"<tr><td>{_e(k)}</td><td class='num'>{_fmt(v, 2)}</td></tr>"
+                for k, v in rewards.items()
+                if k != "total"
+            )
+            html += (
+                f'<table class="rew"><thead><tr><th>reward</th><th>score</th></tr></thead><tbody>{cells}'
+                f'<tr class="total"><td>weighted total</td><td class="num">{_fmt(rewards.get("total"), 2)}</td></tr></tbody></table>'
+            )
+        if final.get("partial"):
+            html += '<div class="answer-meta">Rewards that compare with the expected answer are left out: type it to see them.</div>'
+
+    return html + "</div>"
+
+
+# ------------------------------------------------------------------------------------------------
+# Runs tab
+# ------------------------------------------------------------------------------------------------
+RUN_HEADERS = ["Run", "Status", "Preset", "Model", "Stages", "Steps", "Final reward", "Duration", "Started"]
+
+
+def run_rows(summaries: list[dict]) -> list[list]:
+    rows = []
+    for s in summaries:
+        started = s.get("started")
+        rows.append(
+            [
+                s["run_id"],
+                s["status"],
+                s["preset"],
+                s["model"],
+                s["stages"],
+                s["steps"],
+                _fmt(s.get("final_reward"), 3) if isinstance(s.get("final_reward"), (int, float)) else "–",
+                fmt_duration(s.get("duration_s")) if s.get("duration_s") else "–",
+                _dt.datetime.fromtimestamp(started).strftime("%Y-%m-%d %H:%M") if started else "–",
+            ]
+        )
+    return rows
+
+
+EVAL_HEADERS = ["Result", "N", "Base accuracy", "Trained accuracy", "McNemar p", "Base format", "Trained format"]
+
+
+def eval_rows(results: list[tuple[str, dict]]) -> list[list]:
+    rows = []
+    for name, r in results:
+        try:
+            b, t = r["base"]["summary"], r["trained"]["summary"]
+            rows.append(
+                [
+                    name,
+                    b["n"],
+                    f"{_pct(b['accuracy'])} [{_pct(b['ci'][0])}–{_pct(b['ci'][1])}]",
+                    f"{_pct(t['accuracy'])} [{_pct(t['ci'][0])}–{_pct(t['ci'][1])}]",
+                    f"{r['paired']['p_value']:.3g}",
+                    _pct(b["format_rate"]),
+                    _pct(t["format_rate"]),
+                ]
+            )
+        except (KeyError, TypeError, IndexError):
+            continue
+    return rows
+
+
+def run_details_md(summary: dict, events: list[dict]) -> str:
+    lines = [
+        f"### {summary['run_id']}",
+        f"**Status:** {summary['status']} · **steps** {summary['steps']} · **model** `{summary['model']}`",
+    ]
+    if summary.get("error"):
+        lines.append(f"**Error:** {summary['error']}")
+    for ev in events:
+        kind = ev.get("event")
+        if kind == "stage_start":
+            lines.append(
+                f"- stage {int(ev.get('stage', 0)) + 1} *{ev.get('name')}*: {ev.get('problems')} problems from {ev.get('origin')}, {ev.get('steps')} steps"
+                + (", EWC on" if ev.get("ewc") else "")
+            )
+        elif kind == "fisher_done":
+            lines.append(
+                f"- Fisher after stage {int(ev.get('stage', 0)) + 1}: {ev.get('samples')} samples in {ev.get('seconds', 0):.1f} s"
+            )
+        elif kind in ("stopped", "resumed", "final_saved", "finished", "error", "eval_done"):
+            detail = {k: v for k, v in ev.items() if k not in ("time", "event", "traceback", "path")}
+            lines.append(f"- {kind}" + (": " + ", ".join(f"{k}={v}" for k, v in detail.items()) if detail else ""))
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------
+# System
+# ------------------------------------------------------------------------------------------------
+def system_md(info: dict, loaded: list[dict] | None = None, run_model: dict | None = None) -> str:
+    c, m, v = info["cpu"], info["memory"], info["versions"]
+    em = info.get("embedded_model", {})
+    lines = [
+        "| | |",
+        "|---|---|",
+        f"| CPU | {c['name']} |",
+        f"| Cores | {c['physical_cores']} physical, {c['logical_cores']} logical"
+        + (f", {c['usable_cores']} usable by this process" if c.get("usable_cores") else "")
+        + " |",
+        f"| Threads used by torch | {c['torch_threads']} (inter-op {c['torch_interop_threads']}) |",
+        f"| Load (1 min) | {_fmt(c.get('load_1min'), 2)} |",
+        f"| Memory | {m['total_mb'] / 1024:.1f} GB total, {m['available_mb'] / 1024:.1f} GB available |",
+        f"| This app's memory (RSS) | {m['process_rss_mb']:,.0f} MB |",
+        f"| GPU | {'yes (CUDA)' if c.get('cuda') else 'none: everything runs on the CPU'} |",
+    ]
+    if em:
+        size = (
+            f"{em['parameters'] / 1e6:.1f} M parameters, {em['f32_mb']:,.0f} MB as float32"
+            if em.get("parameters")
+            else "not de-quantized yet"
+        )
+        gguf = f"; shipped as {em['gguf_mb']:,.0f} MB Q4_1 GGUF" if em.get("gguf_mb") else ""
+        lines.append(f"| Embedded model | {em.get('name', '')}: {size}{gguf} |")
+    if run_model:
+        lines.append(
+            f"| Model of the current run | {run_model.get('model')}: {run_model.get('parameters', 0) / 1e6:.1f} M parameters, {run_model.get('trainable', 0) / 1e6:.1f} M trained |"
+        )
+    for lm in loaded or []:
+        lines.append(f"| Loaded for Try | {lm['label']}: {lm['bytes'] / 2**20:,.0f} MB |")
+    lines.append(f"| Platform | {info.get('platform', '')} |")
+    lines.append("| Versions | " + ", ".join(f"{k} {val}" for k, val in v.items()) + " |")
+    return "\n".join(lines)

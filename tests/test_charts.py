@@ -1,0 +1,184 @@
+"""Charts: recorded metrics in, Plotly figures out; only recorded values are drawn, stages shaded,
+zoom kept across redraws (uirevision = run id)."""
+
+import math
+
+import pytest
+
+from grpo_app import charts
+
+
+def metrics(n_per_stage=(3, 2), reward=lambda s: 0.1 * s):
+    out, step = [], 0
+    for k, n in enumerate(n_per_stage):
+        for i in range(n):
+            step += 1
+            out.append(
+                {
+                    "step": step,
+                    "stage": k,
+                    "stage_name": f"st{k}",
+                    "stage_step": i + 1,
+                    "reward": reward(step),
+                    "rewards": {"correctness": 0.5, "strict_format": 0.25 * k},
+                    "loss": 0.01 * step,
+                    "kl": None,
+                    "ewc_penalty": 0.0 if k == 0 else 0.2,
+                    "completion_length": 40 + step,
+                    "truncated_ratio": 0.1,
+                    "stopped_at_answer": 0.5,
+                    "tokens_per_s": 100.0 + step,
+                    "gen_tokens_per_s": 150.0,
+                    "completions_per_s": 2.0,
+                }
+            )
+    return out
+
+
+def trace_names(fig):
+    return [t.name for t in fig.data]
+
+
+def test_smooth_is_debiased_ema():
+    assert charts.smooth([1.0, 1.0, 1.0], 0.9) == pytest.approx([1.0, 1.0, 1.0])  # no pull towards 0 at the start
+    assert charts.smooth([0.0, 1.0], 0.0) == [0.0, 1.0]  # weight 0 = raw values
+    s = charts.smooth([0.0, 1.0], 0.5)
+    assert s[0] == 0.0 and 0.0 < s[1] < 1.0
+
+
+def test_stage_spans_from_plan_and_from_metrics():
+    plan = charts.stage_spans([], [{"name": "a", "steps": 3}, {"name": "b", "steps": 2}])
+    assert [(s["name"], s["x0"], s["x1"]) for s in plan] == [("a", 0.5, 3.5), ("b", 3.5, 5.5)]
+    seen = charts.stage_spans(metrics((3, 2)))
+    assert [(s["index"], s["x0"], s["x1"]) for s in seen] == [(0, 0.5, 3.5), (1, 3.5, 5.5)]
+
+
+def test_reward_figure_has_total_smoothed_and_each_reward_function():
+    fig = charts.reward_figure(
+        metrics(), [{"name": "st0", "steps": 3}, {"name": "st1", "steps": 2}], uirevision="run-1"
+    )
+    assert trace_names(fig) == ["total reward", "total (smoothed)", "correctness", "strict_format"]
+    assert list(fig.data[0].x) == [1, 2, 3, 4, 5]
+    assert list(fig.data[0].y) == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5])
+    assert fig.layout.uirevision == "run-1"
+    rects = [s for s in fig.layout.shapes if s.type == "rect"]
+    assert len(rects) == 2 and (rects[0].x0, rects[0].x1) == (0.5, 3.5)  # every stage shaded
+    assert {a.text for a in fig.layout.annotations} >= {"1: st0", "2: st1"}
+    assert tuple(fig.layout.xaxis.range) == (0.5, 5.5)  # the whole plan, so the run grows into the chart
+
+
+def test_missing_and_non_finite_values_are_not_drawn():
+    recs = metrics((3,))
+    recs[1]["reward"] = None
+    recs[2]["reward"] = float("nan")
+    fig = charts.reward_figure(recs)
+    assert list(fig.data[0].x) == [1]  # only the recorded, finite value
+    assert charts._num(float("inf")) is None and charts._num(True) is None and charts._num("x") is None
+
+
+def test_empty_inputs_give_a_message_not_an_error():
+    for fig in (
+        charts.reward_figure([]),
+        charts.loss_figure([]),
+        charts.length_figure([]),
+        charts.throughput_figure([]),
+        charts.memory_figure([]),
+        charts.difficulty_figure({}),
+    ):
+        assert len(fig.data) == 0 and fig.layout.annotations and fig.layout.annotations[0].text
+
+
+def test_loss_figure_puts_kl_and_ewc_on_the_right_axis_and_notes_missing_kl():
+    fig = charts.loss_figure(metrics())
+    assert trace_names(fig) == ["loss", "EWC penalty"]
+    assert fig.data[1].yaxis == "y2"
+    assert any("KL not computed" in (a.text or "") for a in fig.layout.annotations)
+    recs = metrics()
+    for r in recs:
+        r["kl"] = 0.01
+    assert "KL" in trace_names(charts.loss_figure(recs))
+
+
+def test_length_and_throughput_figures():
+    fig = charts.length_figure(metrics())
+    assert trace_names(fig) == ["mean length (tokens)", "truncated (share)", "stopped at '####' (share)"]
+    assert tuple(fig.layout.yaxis2.range) == (0, 1.05)
+    fig = charts.throughput_figure(metrics())
+    assert trace_names(fig) == ["tokens/s (whole step)", "tokens/s (generation)", "completions/s"]
+
+
+def test_time_spans_stage_and_fisher_periods():
+    ev = [
+        {"time": 100.0, "event": "stage_start", "stage": 0, "name": "a"},
+        {"time": 160.0, "event": "stage_end", "stage": 0},
+        {"time": 190.0, "event": "fisher_done", "stage": 0},
+        {"time": 190.0, "event": "stage_start", "stage": 1, "name": "b"},
+    ]
+    spans = charts.time_spans(ev, t0=100.0, t_end=250.0)
+    assert [(s["kind"], s["index"], s["x0"], s["x1"]) for s in spans] == [
+        ("stage", 0, 0.0, 1.0),
+        ("fisher", 0, 1.0, 1.5),
+        ("stage", 1, 1.5, 2.5),  # still open: runs to t_end
+    ]
+
+
+def test_memory_figure_breaks_the_line_at_gaps_and_marks_the_peak():
+    mem = [{"time": 100.0 + 0.5 * i, "rss_mb": 500.0 + i} for i in range(10)]
+    mem += [{"time": 200.0 + 0.5 * i, "rss_mb": 600.0} for i in range(4)]  # after a resume: 95 s later
+    fig = charts.memory_figure(mem, [], t0=100.0, uirevision="r")
+    xs = list(fig.data[0].x)
+    assert None in xs and xs.index(None) == 10
+    assert any("peak 600 MB" in (a.text or "") for a in fig.layout.annotations)
+
+
+def test_memory_figure_thins_long_series_but_keeps_the_peak():
+    mem = [{"time": float(i), "rss_mb": 100.0} for i in range(10_000)]
+    mem[5_001]["rss_mb"] = 999.0
+    fig = charts.memory_figure(mem, [], gap_s=5.0)
+    ys = [y for y in fig.data[0].y if y is not None]
+    assert len(ys) <= charts.MAX_MEMORY_POINTS + 2 and max(ys) == 999.0
+
+
+def test_training_figures_share_the_run_id_as_uirevision():
+    view = {
+        "run_id": "r7",
+        "metrics": metrics(),
+        "events": [],
+        "memory": [{"time": 1.0, "rss_mb": 10.0}],
+        "stages": [{"name": "st0", "steps": 3}, {"name": "st1", "steps": 2}],
+        "started": 1.0,
+    }
+    figs = charts.training_figures(view)
+    assert set(figs) == {"reward", "loss", "length", "memory", "throughput"}
+    assert all(f.layout.uirevision == "r7" for f in figs.values())
+
+
+def compare_result():
+    def summary(acc1, acc2):
+        return {
+            "by_difficulty": {
+                "1": {"n": 10, "accuracy": acc1, "ci": (max(0, acc1 - 0.2), min(1, acc1 + 0.2))},
+                "3": {"n": 5, "accuracy": acc2, "ci": (0.0, 0.6)},
+            }
+        }
+
+    return {
+        "key": "k1",
+        "base_label": "base-model",
+        "trained_label": "trained-model",
+        "base": {"summary": summary(0.3, 0.2)},
+        "trained": {"summary": summary(0.5, 0.4)},
+    }
+
+
+def test_difficulty_figure_bars_with_asymmetric_wilson_error_bars():
+    fig = charts.difficulty_figure(compare_result())
+    assert [t.type for t in fig.data] == ["bar", "bar"]
+    base, trained = fig.data
+    assert list(base.x) == ["1", "3"] and list(trained.y) == [0.5, 0.4]
+    assert list(base.error_y.array) == pytest.approx([0.2, 0.4]) and list(base.error_y.arrayminus) == pytest.approx(
+        [0.2, 0.2]
+    )
+    assert list(base.customdata) == [10, 5]
+    assert fig.layout.uirevision == "k1" and fig.layout.barmode == "group"
+    assert not any(isinstance(v, float) and math.isnan(v) for v in base.y)
