@@ -248,7 +248,13 @@ def _rg():
 
 
 def make_arithmetic(
-    n: int, seed: int, min_ops: int = 1, max_ops: int = 1, max_digits: int = 2, operators: str = "+-"
+    n: int,
+    seed: int,
+    min_ops: int = 1,
+    max_ops: int = 1,
+    max_digits: int = 2,
+    operators: str = "+-",
+    negation: bool = False,
 ) -> list[Problem]:
     """reasoning-gym `basic_arithmetic`: difficulty = number of operators (terms - 1)."""
     ds = _rg().create_dataset(
@@ -260,6 +266,8 @@ def make_arithmetic(
         min_digits=1,
         max_digits=max_digits,
         operators=tuple(operators),
+        allow_negation=negation,
+        allow_parentheses=negation,
     )
     out = []
     for i, x in enumerate(ds):
@@ -429,10 +437,11 @@ def stage_pool(stage, data_cfg, seed: int, split: str = "train") -> StagePool:
             return StagePool(_sample(sel, n, seed), f"GSM8K {split} ({origin}), difficulty {lo}-{hi}", "gsm8k")
     if source == "arithmetic":
         lo_ops, hi_ops = max(1, lo), max(1, hi)
-        probs = make_arithmetic(n, seed, lo_ops, hi_ops, stage.max_digits, stage.operators)
+        probs = make_arithmetic(n, seed, lo_ops, hi_ops, stage.max_digits, stage.operators, stage.negation)
         return StagePool(
             probs,
-            f"reasoning-gym basic_arithmetic, {lo_ops}-{hi_ops} operators '{stage.operators}', <= {stage.max_digits} digits",
+            f"reasoning-gym basic_arithmetic, {lo_ops}-{hi_ops} operators '{stage.operators}', <= {stage.max_digits} digits"
+            + (", negation" if stage.negation else ""),
             "arithmetic",
         )
     if source == "gsm_symbolic":

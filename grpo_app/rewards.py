@@ -66,6 +66,14 @@ def correctness(prompts, completions, answer, **kwargs) -> list[float]:
     return [1.0 if is_correct(completion_text(c), a, strict=True) else 0.0 for c, a in zip(completions, answer)]
 
 
+def lenient_correctness(prompts, completions, answer, **kwargs) -> list[float]:
+    """1.0 when the answer read as evaluation reads it ('####' answer, else the last number) is right.
+
+    A shaping signal for models that cannot write the '####' line yet: it rewards right answers in any
+    form, so groups have successes to compare before the format is learned."""
+    return [1.0 if is_correct(completion_text(c), a, strict=False) else 0.0 for c, a in zip(completions, answer)]
+
+
 def strict_format(prompts, completions, **kwargs) -> list[float]:
     """1.0 when the last non-empty line is exactly '#### <number>'."""
     return [1.0 if has_final_line(completion_text(c)) else 0.0 for c in completions]
@@ -106,6 +114,7 @@ def brevity(prompts, completions, **kwargs) -> list[float]:
 
 REWARD_FUNCS: dict[str, Callable[..., list[float]]] = {
     "correctness": correctness,
+    "lenient_correctness": lenient_correctness,
     "strict_format": strict_format,
     "soft_format": soft_format,
     "has_number": has_number,

@@ -62,3 +62,18 @@ def tiny_config_overrides(runs: Path, steps=(2, 2)) -> list[str]:
         "grpo.learning_rate=0.001",
         "ewc.fisher_samples=4",
     ]
+
+
+def text_length(prompts, completions, **kw):
+    """Test reward: a random model's completions differ in length, so groups get advantages."""
+    from grpo_app.rewards import completion_text
+
+    return [len(completion_text(c)) / 100 for c in completions]
+
+
+@pytest.fixture
+def varied_reward(monkeypatch):
+    """Registers the `text_length` reward (use it in rewards.weights) for runs in this process."""
+    from grpo_app.rewards import REWARD_FUNCS
+
+    monkeypatch.setitem(REWARD_FUNCS, "text_length", text_length)

@@ -10,6 +10,7 @@ from grpo_app.data import (
     has_final_line,
     heldout_pool,
     load_gsm8k,
+    make_arithmetic,
     normalize_number,
     parse_custom_dataset,
     stage_pool,
@@ -125,3 +126,16 @@ def test_custom_dataset_good_and_bad_rows():
         parse_custom_dataset(b"\xff\xfe\x00bad", "d.jsonl")
     with pytest.raises(DataError, match=".jsonl or .csv"):
         parse_custom_dataset(b"x", "d.txt")
+
+
+def test_arithmetic_negation_is_off_by_default_and_can_be_asked_for():
+    import re
+
+    def operands(q):  # "Calculate -17 + (3 - -5)." -> do any operands carry their own minus sign?
+        return re.findall(r"(?:^|[(\s])-\d", q.removeprefix("Calculate "))
+
+    plain = make_arithmetic(200, seed=1, min_ops=1, max_ops=2, max_digits=2, operators="+-")
+    assert not any(operands(p.question) or "(" in p.question for p in plain)
+    negated = make_arithmetic(200, seed=1, min_ops=1, max_ops=2, max_digits=2, operators="+-", negation=True)
+    assert any(operands(p.question) for p in negated)
+    assert all(p.answer == p.solution.split("#### ")[-1] for p in plain + negated)

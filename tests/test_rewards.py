@@ -1,6 +1,15 @@
 import pytest
 
-from grpo_app.rewards import REWARD_FUNCS, build_rewards, correctness, is_correct, score_text, soft_format, strict_format
+from grpo_app.rewards import (
+    REWARD_FUNCS,
+    build_rewards,
+    correctness,
+    is_correct,
+    lenient_correctness,
+    score_text,
+    soft_format,
+    strict_format,
+)
 
 
 def conv(text):
@@ -8,19 +17,22 @@ def conv(text):
 
 
 @pytest.mark.parametrize(
-    "text, gold, correct, strict, soft",
+    "text, gold, correct, strict, soft, lenient",
     [
-        ("5+3=8\n#### 8", "8", 1.0, 1.0, 1.0),  # right, well formatted
-        ("#### 8 apples", "8", 1.0, 0.0, 1.0),  # right, but the last line is not only the number
-        ("#### 1,200", "1200", 1.0, 1.0, 1.0),  # separators
-        ("#### 7", "8", 0.0, 1.0, 1.0),  # formatted but wrong
-        ("the answer is 8", "8", 0.0, 0.0, 0.0),  # right number, no '####': training pays nothing
-        ("#### \\frac{3}{4}", "0.75", 1.0, 0.0, 0.0),  # math-verify reads LaTeX (no signals used)
-        ("", "8", 0.0, 0.0, 0.0),
+        ("5+3=8\n#### 8", "8", 1.0, 1.0, 1.0, 1.0),  # right, well formatted
+        ("#### 8 apples", "8", 1.0, 0.0, 1.0, 1.0),  # right, but the last line is not only the number
+        ("#### 1,200", "1200", 1.0, 1.0, 1.0, 1.0),  # separators
+        ("#### 7", "8", 0.0, 1.0, 1.0, 0.0),  # formatted but wrong
+        ("the answer is 8", "8", 0.0, 0.0, 0.0, 1.0),  # right number, no '####': only the lenient reward pays
+        ("8 + 1 = 9, so 9", "8", 0.0, 0.0, 0.0, 0.0),  # lenient reads the last number, not any number
+        ("#### 9\nor maybe 8", "8", 0.0, 0.0, 1.0, 0.0),  # a '####' answer wins over a later number
+        ("#### \\frac{3}{4}", "0.75", 1.0, 0.0, 0.0, 1.0),  # math-verify reads LaTeX (no signals used)
+        ("", "8", 0.0, 0.0, 0.0, 0.0),
     ],
 )
-def test_reward_table(text, gold, correct, strict, soft):
+def test_reward_table(text, gold, correct, strict, soft, lenient):
     for c in (text, conv(text)):  # plain and conversational completions
+        assert lenient_correctness(None, [c], answer=[gold]) == [lenient]
         assert correctness(None, [c], answer=[gold]) == [correct]
         assert strict_format(None, [c]) == [strict]
         assert soft_format(None, [c]) == [soft]

@@ -8,18 +8,7 @@ import pytest
 import torch
 
 from grpo_app.config import load_config
-from grpo_app.rewards import REWARD_FUNCS, completion_text
 from grpo_app.runs import RunDir, RunInProgressError, RunManager, append_jsonl, read_jsonl
-
-
-def text_length(prompts, completions, **kw):
-    """Test reward: a random model's completions differ in length, so groups get advantages."""
-    return [len(completion_text(c)) / 100 for c in completions]
-
-
-@pytest.fixture
-def varied_reward(monkeypatch):
-    monkeypatch.setitem(REWARD_FUNCS, "text_length", text_length)
 
 
 def tiny_cfg(runs, *extra):
