@@ -96,6 +96,8 @@ def eval_problems(
     if settings.source == "gsm8k":
         try:
             probs, origin = load_gsm8k("test", data_cfg)
+            if exclude_questions:
+                probs = [p for p in probs if p.question not in exclude_questions]
             import random
 
             sel = [p for p in probs if settings.min_difficulty <= p.difficulty <= settings.max_difficulty]
@@ -369,3 +371,37 @@ def evaluate_run_vs_base(run, n: int = 100, seed: int = 0, progress=None, should
     result = compare_models(cfg.model.name, str(run.final_dir), settings, cfg.data, progress, should_stop)
     save_compare(result, run.eval_dir / f"gsm8k-n{n}-seed{seed}.json")
     return headline(result)
+
+
+# ------------------------------------------------------------------------------------------------
+# Held-out evaluation of a run's own stage tasks
+# ------------------------------------------------------------------------------------------------
+def training_questions(cfg) -> set[str]:
+    """Every question the run's stages train on (their pools, drawn exactly as the engine draws them)."""
+    from .data import stage_pool
+
+    seen: set[str] = set()
+    for k, stage in enumerate(cfg.stages):
+        seen.update(p.question for p in stage_pool(stage, cfg.data, seed=cfg.data.seed + k).problems)
+    return seen
+
+
+def stage_eval_settings(cfg, k: int, n: int, seed: int = 0, max_new_tokens: int | None = None) -> EvalSettings:
+    """Settings that score problems like stage k's (GSM8K stages: the test split; generated: far seeds)."""
+    st = cfg.stages[k]
+    return EvalSettings(
+        n=n,
+        seed=seed,
+        system_prompt=cfg.data.system_prompt,
+        max_new_tokens=max_new_tokens or max(64, cfg.grpo.max_completion_length),
+        source=st.source,
+        min_difficulty=st.min_difficulty,
+        max_difficulty=st.max_difficulty,
+        extra={"max_digits": st.max_digits, "operators": st.operators, "negation": st.negation},
+    )
+
+
+def heldout_problems(cfg, k: int, settings: EvalSettings, exclude: set[str] | None = None) -> tuple[list[Problem], str]:
+    """Held-out problems of stage k: never in any training pool of the run (checked question by question)."""
+    exclude = training_questions(cfg) if exclude is None else exclude
+    return eval_problems(settings, cfg.data, exclude_questions=exclude)

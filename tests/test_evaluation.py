@@ -87,3 +87,22 @@ def test_settings_bounds():
         EvalSettings(n=0).validate()
     with pytest.raises(ValueError, match="difficulty"):
         EvalSettings(min_difficulty=3, max_difficulty=1).validate()
+
+
+def test_stage_heldout_sets_never_contain_training_questions():
+    from grpo_app.config import load_config
+    from grpo_app.evaluation import heldout_problems, stage_eval_settings, training_questions
+
+    cfg = load_config("classroom", ["stages[0].num_problems=300", "stages[1].num_problems=300"])
+    seen = training_questions(cfg)
+    assert len(seen) > 500  # the three stages' pools, drawn as the engine draws them
+    for k in (0, 1):
+        s = stage_eval_settings(cfg, k, n=150, seed=0)
+        assert (s.source, s.extra["operators"], s.system_prompt) == ("arithmetic", cfg.stages[k].operators, cfg.data.system_prompt)
+        probs, origin = heldout_problems(cfg, k, s, seen)
+        assert len(probs) == 150 and "held-out" in origin
+        assert not {p.question for p in probs} & seen
+        ops = {"+": " + ", "-": " - "}[cfg.stages[k].operators]
+        assert all(ops in p.question for p in probs)  # problems of the stage's own kind
+    g, origin = heldout_problems(cfg, 2, stage_eval_settings(cfg, 2, n=40), seen)
+    assert "GSM8K test" in origin and all(1 <= p.difficulty <= 2 for p in g)
