@@ -78,7 +78,7 @@ def grpo_args(cfg: Config, stage_index: int, output_dir: Path, device: str):
         top_p=g.top_p,
         top_k=g.top_k or None,
         num_iterations=1,
-        bf16=cfg.model.dtype == "bfloat16" and device == "cuda",
+        bf16=device == "cuda" and (cfg.model.dtype == "bfloat16" or (cfg.model.dtype == "auto" and _cuda_bf16())),
         fp16=False,
         use_cpu=device == "cpu",
         gradient_checkpointing=g.gradient_checkpointing,
@@ -95,6 +95,10 @@ def grpo_args(cfg: Config, stage_index: int, output_dir: Path, device: str):
         shuffle_dataset=True,
         optim="adamw_torch",
     )
+
+
+def _cuda_bf16() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
 
 
 class _EngineCallback(TrainerCallback):
@@ -152,6 +156,7 @@ class _EngineCallback(TrainerCallback):
             "loss": logs.get("loss"),
             "kl": logs.get("kl"),
             "ewc_penalty": logs.get("ewc_penalty", 0.0),
+            "ewc_seconds": logs.get("ewc_seconds"),
             "entropy": logs.get("entropy"),
             "completion_length": logs.get("completions/mean_length"),
             "truncated_ratio": logs.get("gen/truncated_ratio", logs.get("completions/clipped_ratio")),
