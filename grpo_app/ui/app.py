@@ -1,0 +1,247 @@
+"""The web app: one Gradio Blocks page with the Train, Compare, Try, Runs and System tabs.
+
+`build_app()` assembles the tabs around one shared `Studio` (the training job, the evaluation
+queue, the model cache). `main()` serves it: localhost:7860 by default, 0.0.0.0 on a Hugging Face
+Space (SPACE_ID is set), GRADIO_SERVER_NAME / GRADIO_SERVER_PORT override both. Optional login
+with GRPO_APP_USERNAME / GRPO_APP_PASSWORD. Ctrl-C (SIGINT) or SIGTERM stops a running training at
+its next step with a checkpoint before the process exits; a second Ctrl-C exits at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import gradio as gr  # noqa: E402
+
+from ..runs import RunManager  # noqa: E402
+from .compare_tab import create_compare_tab  # noqa: E402
+from .runs_tab import create_runs_tab  # noqa: E402
+from .studio import Limits, Studio  # noqa: E402
+from .system_tab import create_system_tab  # noqa: E402
+from .train_tab import create_train_tab  # noqa: E402
+from .try_tab import create_try_tab  # noqa: E402
+
+log = logging.getLogger("grpo_app.ui")
+
+TITLE = "CPU GRPO Studio"
+INTRO = (
+    "Teach a small language model grade-school math with **GRPO** (group relative policy optimization), "
+    "on this computer's CPU, and measure honestly whether it learned. **Train** runs a curriculum and shows "
+    "every step live; **Compare** scores base vs trained on the same problems; **Try** asks both the same "
+    "question; **Runs** keeps the history."
+)
+
+CSS = """
+.gradio-container { max-width: 1500px !important; font-size: 16px; }
+#app-title h1 { margin-bottom: 0; }
+.field-error, .field-error p { color: #b3261e !important; font-weight: 600; font-size: 0.95em; margin: 0; }
+.status-line { font-size: 1.15em; padding: 8px 12px; border-radius: 8px; background: #f4f6f8; line-height: 1.8; }
+.status-line .run-id { font-family: ui-monospace, monospace; font-weight: 600; }
+.status-line .phase { color: #555; font-style: italic; }
+.status-error { color: #b3261e; font-weight: 600; padding: 4px 12px; }
+.status-note { color: #333; padding: 4px 12px; }
+.badge { color: #fff; border-radius: 12px; padding: 2px 10px; font-weight: 600; }
+.gs { font-size: 1.0em; }
+.gs-head { font-size: 1.1em; margin-bottom: 6px; }
+.gs-q { background: #f4f6f8; border-radius: 8px; padding: 8px 12px; margin-bottom: 8px; }
+.gs-gold { margin-top: 4px; }
+.gs-table { width: 100%; border-collapse: collapse; }
+.gs-table th, .gs-table td { border-bottom: 1px solid #ddd; padding: 4px 8px; vertical-align: top; }
+.gs-table th { background: #eef1f4; text-align: center; }
+.gs-table td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+.gs-table td.adv { font-weight: 700; text-align: center; }
+.gs-table .comp-text { white-space: pre-wrap; font-family: ui-monospace, monospace; font-size: 0.9em;
+  max-height: 9em; overflow-y: auto; }
+.gs-foot td { background: #fafafa; }
+.gs-note, .gs-empty { color: #444; margin-top: 8px; }
+.cards { display: flex; gap: 16px; flex-wrap: wrap; }
+.card { flex: 1 1 280px; border: 1px solid #ddd; border-radius: 10px; padding: 12px 16px; background: #fff; }
+.card-title { font-weight: 700; font-size: 1.1em; }
+.card-model { color: #666; font-size: 0.9em; word-break: break-all; }
+.card-big { font-size: 2.4em; font-weight: 700; }
+.card-ci, .card-sub { color: #444; }
+.paired, .origin { margin-top: 10px; }
+.origin { color: #666; font-size: 0.9em; }
+.job .bar { height: 14px; background: #e6e9ec; border-radius: 7px; overflow: hidden; margin: 6px 0; }
+.job .fill { height: 100%; background: #0072B2; transition: width 0.4s; }
+.job-bad { color: #b3261e; font-weight: 600; }
+.answer { border: 1px solid #ddd; border-radius: 10px; padding: 10px 14px; min-height: 8em; background: #fff; }
+.answer-title { font-weight: 700; font-size: 1.1em; }
+.answer-model { color: #666; font-size: 0.85em; word-break: break-all; }
+.answer-text { white-space: pre-wrap; font-family: ui-monospace, monospace; margin: 8px 0; }
+.answer-meta { color: #666; font-size: 0.9em; }
+.answer-pred { margin-top: 6px; font-size: 1.05em; }
+.answer .ok { color: #00794f; font-weight: 700; }
+.answer .bad { color: #b3261e; font-weight: 700; }
+.rew { margin-top: 6px; border-collapse: collapse; }
+.rew td, .rew th { padding: 2px 10px; border-bottom: 1px solid #eee; }
+.rew td.num { text-align: right; }
+.rew .total td { font-weight: 700; }
+"""
+
+
+def build_app(
+    manager: RunManager | None = None,
+    runs_dir: str | Path | None = None,
+    configs_dir: str | Path | None = None,
+    default_preset: str | None = None,
+    studio: Studio | None = None,
+    timer_s: float | None = None,
+) -> gr.Blocks:
+    """The whole page. Pass a `manager` (or `runs_dir`) to share a RunManager, or a ready `studio`."""
+    studio = studio or Studio(
+        manager=manager, runs_dir=runs_dir, configs_dir=configs_dir, default_preset=default_preset
+    )
+    timer_s = timer_s or float(os.environ.get("GRPO_APP_TIMER_S", "1.5"))
+    with gr.Blocks(title=TITLE, delete_cache=(3600, 3600)) as demo:
+        gr.Markdown(f"# {TITLE}\n{INTRO}", elem_id="app-title")
+        with gr.Tabs(elem_id="tabs"):
+            with gr.Tab("Train", id="train", elem_id="tab-train"):
+                train = create_train_tab(studio, timer_s)
+            with gr.Tab("Compare", id="compare", elem_id="tab-compare") as compare_tab:
+                compare = create_compare_tab(studio)
+            with gr.Tab("Try", id="try", elem_id="tab-try") as try_tab:
+                tryit = create_try_tab(studio)
+            with gr.Tab("Runs", id="runs", elem_id="tab-runs") as runs_tab:
+                runs = create_runs_tab(studio)
+            with gr.Tab("System", id="system", elem_id="tab-system") as system_tab:
+                system = create_system_tab(studio)
+        train.attach_load(demo)
+        for tab, part in ((compare_tab, compare), (try_tab, tryit), (runs_tab, runs), (system_tab, system)):
+            kw = dict(api_visibility="undocumented", show_progress="hidden", concurrency_limit=None)
+            tab.select(part.refresh_fn, part.refresh_inputs, part.refresh_outputs, **kw)
+            if part is not system:
+                demo.load(part.refresh_fn, part.refresh_inputs, part.refresh_outputs, **kw)
+
+        def release(request: gr.Request):
+            if request is not None and request.session_hash:
+                studio.evals.release(request.session_hash)
+
+        demo.unload(release)
+    demo.studio = studio  # the shared state, for main() and tests
+    return demo
+
+
+# ------------------------------------------------------------------------------------------------
+# Serving
+# ------------------------------------------------------------------------------------------------
+def server_address() -> tuple[str, int]:
+    """(host, port): localhost, or 0.0.0.0 on a Hugging Face Space; GRADIO_SERVER_NAME/PORT win."""
+    host = os.environ.get("GRADIO_SERVER_NAME") or ("0.0.0.0" if os.environ.get("SPACE_ID") else "127.0.0.1")
+    try:
+        port = int(os.environ.get("GRADIO_SERVER_PORT") or 7860)
+    except ValueError:
+        port = 7860
+    return host, port
+
+
+def auth_from_env() -> tuple[str, str] | None:
+    user, password = os.environ.get("GRPO_APP_USERNAME", ""), os.environ.get("GRPO_APP_PASSWORD", "")
+    if user and password:
+        return (user, password)
+    if user or password:
+        log.warning("GRPO_APP_USERNAME and GRPO_APP_PASSWORD must both be set to require a login; serving without one.")
+    return None
+
+
+def launch_kwargs(limits: Limits | None = None) -> dict:
+    limits = limits or Limits()
+    host, port = server_address()
+    return {
+        "server_name": host,
+        "server_port": port,
+        "auth": auth_from_env(),
+        "auth_message": "CPU GRPO Studio: log in with the user name and password you were given.",
+        "max_file_size": f"{limits.max_upload_mb}mb",
+        "allowed_paths": [],
+        "show_error": False,  # messages are written for people; tracebacks stay in the server log
+        "ssr_mode": False,
+        "mcp_server": False,
+        "footer_links": ["api"],
+        "css": CSS,
+        "theme": gr.themes.Default(text_size="lg"),
+    }
+
+
+def queue_kwargs() -> dict:
+    def env_int(name, default):
+        try:
+            return max(1, int(os.environ.get(name, default)))
+        except ValueError:
+            return default
+
+    return {
+        "max_size": env_int("GRPO_APP_QUEUE_SIZE", 200),
+        "default_concurrency_limit": env_int("GRPO_APP_CONCURRENCY", 4),
+    }
+
+
+def _quiet_libraries() -> None:
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    for name in ("datasets", "math_verify", "latex2sympy2_extended", "trl", "accelerate", "httpx", "huggingface_hub"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _quiet_libraries()
+    demo = build_app()
+    studio: Studio = demo.studio
+    stop_asked = threading.Event()
+    first_signal: list[float] = []
+
+    def on_signal(signum, frame):
+        # A second Ctrl-C (not the echo of the first: `timeout` and process-group signals arrive twice)
+        # exits at once; SIGTERM never does, a supervisor will follow it with SIGKILL if it must.
+        now = time.monotonic()
+        if first_signal and signum == signal.SIGINT and now - first_signal[0] > 2.0:
+            print("\nSecond Ctrl-C: exiting now (the last saved checkpoint remains).", file=sys.stderr, flush=True)
+            os._exit(130)
+        if not first_signal:
+            first_signal.append(now)
+        stop_asked.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    kwargs = launch_kwargs(studio.limits)
+    demo.queue(**queue_kwargs())
+    demo.launch(prevent_thread_lock=True, **kwargs)
+    host, port = kwargs["server_name"], kwargs["server_port"]
+    print(f"CPU GRPO Studio is serving on http://{host}:{port} (Ctrl-C stops it).", flush=True)
+    try:
+        while not stop_asked.wait(0.5):
+            pass
+    finally:
+        if studio.manager.active:
+            print(
+                "Stopping the training run at its next step and saving a checkpoint (Ctrl-C again to quit now)…",
+                flush=True,
+            )
+        try:
+            timeout = float(os.environ.get("GRPO_APP_STOP_TIMEOUT", "900"))
+        except ValueError:
+            timeout = 900.0
+        outcome = studio.shutdown(timeout=timeout)
+        print(f"Shutting down: {outcome}.", flush=True)
+        demo.close()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,69 @@
+"""Small pieces the tabs share: ready Plotly JSON for gr.Plot, error slots, and a guard that turns
+an unexpected exception into a short message on the page (the traceback goes to the server log)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from html import escape
+
+import gradio as gr
+from gradio.components.plot import PlotData
+
+log = logging.getLogger("grpo_app.ui")
+
+
+def plot(json_text: str | None):
+    """A gr.Plot value from Plotly JSON built once by the studio (no per-page re-serialisation)."""
+    return None if json_text is None else PlotData(type="plotly", plot=json_text)
+
+
+def slot(messages: list[str] | None):
+    """Update for a per-control error slot: visible with the messages, hidden when there are none."""
+    if not messages:
+        return gr.update(value="", visible=False)
+    return gr.update(value="\n".join(f"⚠ {m}" for m in messages), visible=True)
+
+
+def message_html(text: str, ok: bool = False) -> str:
+    cls = "job" if ok else "job job-bad"
+    return f'<div class="{cls}">{escape(text)}</div>'
+
+
+def guard(what: str):
+    """Decorator: an unexpected error becomes gr.Error('Could not <what>: <reason>') instead of a traceback."""
+
+    def wrap(fn):
+        if inspect.isgeneratorfunction(fn):
+
+            @functools.wraps(fn)
+            def gen(*args, **kwargs):
+                try:
+                    yield from fn(*args, **kwargs)
+                except gr.Error:
+                    raise
+                except Exception as e:  # noqa: BLE001
+                    log.exception("%s failed", what)
+                    raise gr.Error(f"Could not {what}: {_short(e)}") from None
+
+            return gen
+
+        @functools.wraps(fn)
+        def plain(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except gr.Error:
+                raise
+            except Exception as e:  # noqa: BLE001
+                log.exception("%s failed", what)
+                raise gr.Error(f"Could not {what}: {_short(e)}") from None
+
+        return plain
+
+    return wrap
+
+
+def _short(e: Exception) -> str:
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return text[:300]

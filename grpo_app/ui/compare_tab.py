@@ -1,0 +1,205 @@
+"""Compare tab: base vs trained on the same problems, in the background, with honest statistics.
+
+The comparison runs in the studio's evaluation queue (one at a time, a few waiting at most). This
+page follows it with a progress bar; closing the page lets an unwatched job cancel itself. Results
+are cached per (models, problem set, N, seed, ...) by `evaluation.compare_models`, so asking again
+is instant; a run's comparisons are also saved in its folder and listed on the Runs tab.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import gradio as gr
+
+from ..evaluation import compare_csv
+from ..exports import write_text_export
+from ..jobs import DONE, QueueFullError
+from . import render
+from .common import guard, plot
+from .forms import FormError
+from .studio import Studio, difficulty_json
+
+MODES = [("A run vs its base model", "run"), ("Any two models", "models")]
+
+
+@dataclass
+class CompareTab:
+    refresh_fn: object
+    refresh_inputs: list
+    refresh_outputs: list
+
+
+def problem_sets(studio: Studio, run_id) -> list[tuple[str, str]]:
+    out = [("GSM8K test problems", "gsm8k")]
+    try:
+        cfg = studio.get_run(run_id).config()
+    except Exception:  # noqa: BLE001 - no run picked yet, or an unreadable one: GSM8K only
+        return out
+    for k, st in enumerate(cfg.stages):
+        out.append(
+            (
+                f"Held-out problems like stage {k + 1}: {st.name} ({st.source}, difficulty {st.min_difficulty}-{st.max_difficulty})",
+                f"stage:{k}",
+            )
+        )
+    return out
+
+
+def result_note(result: dict) -> str:
+    parts = []
+    if result.get("what"):
+        parts.append(f"Problem set: {result['what']}.")
+    ov = result.get("overlap_with_training")
+    if isinstance(ov, dict) and "in_training" in ov:
+        if ov["in_training"]:
+            parts.append(f"{ov['in_training']} of these {ov['n']} problems also occur in the run's training pools.")
+        else:
+            parts.append(f"Checked: none of these {ov['n']} problems occurs in the run's training pools.")
+    return " ".join(parts)
+
+
+def create_compare_tab(studio: Studio) -> CompareTab:
+    gr.Markdown(
+        "Score two models **on the same problems** with greedy decoding. Accuracy reads the `####` answer, or "
+        "else the last number (fair to a base model that never writes `####`); the **format rate** counts answers "
+        "that end with a `#### <number>` line. Intervals are 95% Wilson intervals; the p-value is an exact "
+        "McNemar test on the problems only one of the two models got right."
+    )
+    with gr.Row(equal_height=False):
+        mode = gr.Radio(MODES, value="run", label="Compare", elem_id="compare-mode")
+        run = gr.Dropdown(
+            [],
+            value=None,
+            label="Run (its trained model vs the model it started from)",
+            allow_custom_value=True,
+            elem_id="compare-run",
+        )
+        base = gr.Textbox("embedded", label="Base model", visible=False, max_lines=1, elem_id="compare-base")
+        trained = gr.Textbox(
+            "", label="Trained model (run id, hub id or folder)", visible=False, max_lines=1, elem_id="compare-trained"
+        )
+    with gr.Row(equal_height=False):
+        eval_set = gr.Dropdown(
+            problem_sets(studio, None), value="gsm8k", label="Problems", allow_custom_value=True, elem_id="compare-set"
+        )
+        n = gr.Number(50, label=f"N problems (1–{studio.limits.max_eval_n})", precision=None, elem_id="compare-n")
+        dmin = gr.Number(0, label="Min difficulty", precision=None, elem_id="compare-dmin")
+        dmax = gr.Number(10, label="Max difficulty", precision=None, elem_id="compare-dmax")
+        seed = gr.Number(0, label="Seed (which problems)", precision=None, elem_id="compare-seed")
+        tokens = gr.Number(256, label="Max answer tokens", precision=None, elem_id="compare-tokens")
+    with gr.Row():
+        go = gr.Button("Compare", variant="primary", elem_id="compare-btn", scale=2)
+        cancel = gr.Button("Cancel", elem_id="compare-cancel", scale=1)
+    progress_view = gr.HTML(elem_id="compare-progress")
+    summary = gr.HTML(elem_id="compare-summary")
+    by_difficulty = gr.Plot(show_label=False, elem_id="compare-chart")
+    table = gr.Dataframe(
+        headers=render.COMPARE_HEADERS,
+        datatype=["number", "number", "str", "str", "str", "str", "str", "str"],
+        interactive=False,
+        wrap=True,
+        label="Side by side",
+        elem_id="compare-table",
+        max_height=600,
+        column_widths=["4%", "7%", "45%", "8%", "10%", "6%", "10%", "8%"],
+    )
+    csv_file = gr.File(label="Download the table as CSV", interactive=False, elem_id="compare-csv")
+    job_id = gr.State(None)
+
+    def on_mode(m):
+        is_run = m == "run"
+        return gr.update(visible=is_run), gr.update(visible=not is_run), gr.update(visible=not is_run)
+
+    mode.change(on_mode, [mode], [run, base, trained], api_visibility="undocumented", show_progress="hidden")
+
+    def on_run(run_id):
+        sets = problem_sets(studio, run_id)
+        return gr.update(choices=sets, value="gsm8k")
+
+    run.change(on_run, [run], [eval_set], api_visibility="undocumented", show_progress="hidden")
+
+    outputs = [job_id, progress_view, summary, by_difficulty, table, csv_file]
+
+    @guard("compare the models")
+    def on_compare(
+        mode, run, base, trained, problems, n, min_difficulty, max_difficulty, seed, max_tokens, request: gr.Request
+    ):
+        skip = gr.skip()
+        try:
+            spec = studio.compare_spec(
+                mode, run, base, trained, problems, n, min_difficulty, max_difficulty, seed, max_tokens
+            )
+        except FormError as e:
+            yield None, _errors_html(e.errors), skip, skip, skip, skip
+            return
+        watcher = getattr(request, "session_hash", None) if request is not None else None
+        try:
+            job = studio.submit_compare(spec, watcher=watcher)
+        except QueueFullError as e:
+            yield None, _errors_html([("queue", f"The evaluation queue is full: {e}")]), skip, skip, skip, skip
+            return
+        last = None
+        while True:
+            job = studio.evals.get(job.id, watcher=watcher) or job
+            snap = job.snapshot()
+            html = render.job_progress_html(snap, studio.evals.position(job), studio.manager.active)
+            if job.finished:
+                break
+            if html != last:
+                yield job.id, html, skip, skip, skip, skip
+                last = html
+            time.sleep(0.5)
+        if job.status != DONE:
+            yield None, render.job_progress_html(job.snapshot()), skip, skip, skip, skip
+            return
+        res = job.result
+        csv_path = write_text_export(f"compare-{res.get('key', 'result')}.csv", compare_csv(res))
+        note = result_note(res)
+        done_html = render.job_progress_html(job.snapshot()) + (
+            f'<div class="origin">{render._e(note)}</div>' if note else ""
+        )
+        yield (
+            None,
+            done_html,
+            render.compare_summary_html(res),
+            plot(difficulty_json(res)),
+            render.compare_rows(res),
+            str(csv_path),
+        )
+
+    event = go.click(
+        on_compare,
+        [mode, run, base, trained, eval_set, n, dmin, dmax, seed, tokens],
+        outputs,
+        api_name="compare",
+        concurrency_id="compare",
+        concurrency_limit=8,
+        show_progress="minimal",
+    )
+
+    def on_cancel(jid, request: gr.Request):
+        if jid:
+            job = studio.evals.get(jid, touch=False)
+            watcher = getattr(request, "session_hash", None)
+            if job is not None:
+                job.watchers.discard(watcher)
+                if not job.watchers:
+                    studio.evals.cancel(jid, "cancelled from its page")
+        return None, '<div class="job job-bad">Cancelled.</div>'
+
+    cancel.click(
+        on_cancel, [job_id], [job_id, progress_view], cancels=[event], api_name="compare_cancel", concurrency_limit=None
+    )
+
+    def refresh(current):
+        ids = studio.run_ids(with_model=True)
+        return gr.update(choices=ids, value=current if current in ids else (ids[0] if ids else None))
+
+    return CompareTab(refresh_fn=refresh, refresh_inputs=[run], refresh_outputs=[run])
+
+
+def _errors_html(errors) -> str:
+    items = "".join(f"<li>{render._e(m)}</li>" for _, m in errors)
+    return f'<div class="job job-bad">Nothing was started:<ul>{items}</ul></div>'

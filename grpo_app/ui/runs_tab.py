@@ -1,0 +1,131 @@
+"""Runs tab: every run under the runs folder — status, preset, stages, final reward, duration — and,
+for one run, its charts, its comparisons, its trained model as a zip, Resume, and Delete (which
+asks for the run id typed out, so nothing is deleted by a stray click)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from ..exports import zip_trained_model
+from ..monitor import resumable
+from . import render
+from .common import guard, plot
+from .forms import FormError
+from .studio import TRAIN_CHARTS, Studio
+
+
+@dataclass
+class RunsTab:
+    refresh_fn: object
+    refresh_inputs: list
+    refresh_outputs: list
+
+
+def create_runs_tab(studio: Studio) -> RunsTab:
+    with gr.Row():
+        refresh_btn = gr.Button("Refresh", elem_id="runs-refresh", scale=0, min_width=120)
+    table = gr.Dataframe(
+        headers=render.RUN_HEADERS,
+        interactive=False,
+        wrap=True,
+        label="Runs (newest first)",
+        elem_id="runs-table",
+        max_height=420,
+    )
+    with gr.Row(equal_height=False):
+        pick = gr.Dropdown([], value=None, label="Open a run", allow_custom_value=True, elem_id="runs-pick", scale=3)
+        open_btn = gr.Button("Open", variant="primary", elem_id="runs-open", scale=1)
+    details = gr.Markdown(elem_id="run-details")
+    with gr.Row(equal_height=True):
+        reward_plot = gr.Plot(show_label=False, elem_id="run-chart-reward")
+        loss_plot = gr.Plot(show_label=False, elem_id="run-chart-loss")
+    with gr.Row(equal_height=True):
+        length_plot = gr.Plot(show_label=False, elem_id="run-chart-length")
+        throughput_plot = gr.Plot(show_label=False, elem_id="run-chart-throughput")
+    with gr.Row(equal_height=True):
+        memory_plot = gr.Plot(show_label=False, elem_id="run-chart-memory")
+        evals = gr.Dataframe(
+            headers=render.EVAL_HEADERS,
+            interactive=False,
+            wrap=True,
+            label="Comparisons of this run",
+            elem_id="run-evals",
+        )
+    with gr.Row(equal_height=False):
+        download_btn = gr.Button("Prepare the trained model as a .zip", elem_id="runs-download")
+        resume_btn = gr.Button("Resume this run", elem_id="runs-resume")
+    zip_file = gr.File(label="Trained model", interactive=False, elem_id="runs-zip")
+    with gr.Accordion("Delete this run", open=False, elem_id="runs-delete-box"):
+        confirm = gr.Textbox(label="Type the run id to confirm", max_lines=1, elem_id="runs-confirm")
+        delete_btn = gr.Button("Delete run", variant="stop", elem_id="runs-delete")
+    message = gr.Markdown(elem_id="runs-message")
+    plots = {
+        "reward": reward_plot,
+        "loss": loss_plot,
+        "length": length_plot,
+        "memory": memory_plot,
+        "throughput": throughput_plot,
+    }
+    plot_outputs = [plots[k] for k in TRAIN_CHARTS]
+
+    @guard("list the runs")
+    def refresh(current):
+        ids = studio.run_ids()
+        return render.run_rows(studio.run_summaries()), gr.update(
+            choices=ids, value=current if current in ids else None
+        )
+
+    refresh_btn.click(refresh, [pick], [table, pick], api_name="runs", concurrency_limit=None, show_progress="hidden")
+
+    @guard("open the run")
+    def on_open(run_id):
+        try:
+            run = studio.get_run(run_id)
+        except FormError as e:
+            return [f"⚠ {e.errors[0][1]}", *[gr.skip()] * len(plot_outputs), gr.skip()]
+        view = studio.run_view(run)
+        js = studio.chart_json(view)
+        summary = run.summary()
+        md = render.run_details_md(summary, view.get("events") or [])
+        if resumable(run):
+            md += "\n\nThis run can be resumed from its last checkpoint."
+        return [md, *[plot(js[k]) for k in TRAIN_CHARTS], render.eval_rows(studio.run_evals(run))]
+
+    open_outputs = [details, *plot_outputs, evals]
+    open_btn.click(on_open, [pick], open_outputs, api_name="open_run", concurrency_limit=None)
+    pick.input(on_open, [pick], open_outputs, api_visibility="undocumented", concurrency_limit=None)
+
+    @guard("prepare the download")
+    def on_download(run_id):
+        try:
+            run = studio.get_run(run_id)
+            path = zip_trained_model(run)
+        except FormError as e:
+            return None, f"⚠ {e.errors[0][1]}"
+        except FileNotFoundError as e:
+            return None, f"⚠ {e}"
+        return str(path), f"The trained model of **{run.id}** is ready below ({path.stat().st_size / 2**20:,.0f} MB)."
+
+    download_btn.click(on_download, [pick], [zip_file, message], api_name="download", concurrency_limit=1)
+
+    @guard("resume the run")
+    def on_resume(run_id):
+        if not run_id:
+            return "⚠ Pick a run first."
+        return studio.resume(run_id).message
+
+    resume_btn.click(on_resume, [pick], [message], api_name="resume_run", concurrency_id="train_control")
+
+    @guard("delete the run")
+    def on_delete(run_id, confirmation):
+        res = studio.delete_run(run_id, confirmation)
+        ids = studio.run_ids()
+        if not res.ok:
+            return f"⚠ {res.message}", gr.skip(), gr.skip(), gr.skip()
+        return res.message, render.run_rows(studio.run_summaries()), gr.update(choices=ids, value=None), ""
+
+    delete_btn.click(on_delete, [pick, confirm], [message, table, pick, confirm], api_name="delete")
+
+    return RunsTab(refresh_fn=refresh, refresh_inputs=[pick], refresh_outputs=[table, pick])

@@ -1,0 +1,653 @@
+"""The state every page shares, and the actions pages ask for (no Gradio import).
+
+One `Studio` per server holds the `RunManager` (the one training job), the evaluation queue, the
+models loaded for the Try tab, and two small caches that keep the page cheap for a room full of
+watchers: the current run view is computed at most every `view_ttl` seconds for everybody, and each
+chart is built once per change of the run (`monitor` version markers) and handed to every page as
+ready JSON. The Gradio tabs only translate components to these calls.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..charts import (
+    difficulty_figure,
+    length_figure,
+    loss_figure,
+    memory_figure,
+    reward_figure,
+    throughput_figure,
+)
+from ..config import CONFIG_DIR, ConfigError, DataConfig, load_yaml_text
+from ..data import DataError, load_gsm8k, make_arithmetic, parse_custom_dataset
+from ..jobs import FINISHED, JobQueue, QueueFullError
+from ..models import allowed_model_roots
+from ..monitor import current_view, disk_view, live_view, progress, resumable, resume_target
+from ..playground import ModelCache, check_gold, check_question
+from ..runs import RunDir, RunInProgressError, RunManager, read_json, validate_run_id
+from . import forms
+from .forms import FormError, TrainForm
+
+log = logging.getLogger("grpo_app.ui")
+
+
+def _env_int(name: str, default: int, lo: int, hi: int) -> int:
+    try:
+        v = int(os.environ.get(name, default))
+    except ValueError:
+        return default
+    return max(lo, min(hi, v))
+
+
+@dataclass
+class Limits:
+    """What one request may ask of this server (environment variables override the defaults)."""
+
+    max_upload_mb: int = field(default_factory=lambda: _env_int("GRPO_APP_MAX_UPLOAD_MB", 5, 1, 20))
+    max_eval_n: int = field(default_factory=lambda: _env_int("GRPO_APP_MAX_EVAL_N", 500, 1, 5000))
+    max_eval_tokens: int = 1024
+    max_try_tokens: int = 512
+    eval_pending: int = field(default_factory=lambda: _env_int("GRPO_APP_EVAL_QUEUE", 3, 1, 50))
+    eval_idle_s: float = 90.0
+
+
+@dataclass
+class Result:
+    """What an action tells the page: ok or not, a message, and messages per form control."""
+
+    ok: bool
+    message: str
+    errors: dict = field(default_factory=dict)
+    run_id: str | None = None
+
+
+class ViewCache:
+    """`monitor.current_view`, recomputed at most every `ttl` seconds for all pages together."""
+
+    def __init__(self, manager: RunManager, ttl: float = 0.5):
+        self.manager, self.ttl = manager, ttl
+        self._lock = threading.Lock()
+        self._view: dict | None = None
+        self._at = 0.0
+
+    def get(self) -> dict:
+        with self._lock:
+            now = time.monotonic()
+            if self._view is None or now - self._at >= self.ttl:
+                self._view = current_view(self.manager)
+                self._at = now
+            return self._view
+
+    def invalidate(self) -> None:
+        with self._lock:
+            self._view = None
+
+
+class FigureCache:
+    """Plotly JSON per (what it shows, version); built once, served to every page."""
+
+    def __init__(self, size: int = 24):
+        self._items: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._build = threading.Lock()
+        self.size = size
+        self.builds = 0
+
+    def get(self, key, build):
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        with self._build:  # one builder at a time: twenty pages asking at once build it once
+            with self._lock:
+                if key in self._items:
+                    return self._items[key]
+            value = build()
+            self.builds += 1
+            with self._lock:
+                self._items[key] = value
+                while len(self._items) > self.size:
+                    self._items.popitem(last=False)
+            return value
+
+
+TRAIN_CHARTS = ("reward", "loss", "length", "memory", "throughput")
+
+
+# ------------------------------------------------------------------------------------------------
+# The studio
+# ------------------------------------------------------------------------------------------------
+class Studio:
+    def __init__(
+        self,
+        manager: RunManager | None = None,
+        runs_dir: str | Path | None = None,
+        configs_dir: str | Path | None = None,
+        default_preset: str | None = None,
+        limits: Limits | None = None,
+        view_ttl: float = 0.5,
+    ):
+        self.manager = manager or RunManager(runs_dir)
+        self.limits = limits or Limits()
+        self.configs_dir = Path(configs_dir or os.environ.get("GRPO_APP_CONFIGS_DIR") or CONFIG_DIR).resolve()
+        self.presets = self._find_presets(default_preset or os.environ.get("GRPO_APP_DEFAULT_PRESET"))
+        self.default_preset = self._default_preset_name(default_preset or os.environ.get("GRPO_APP_DEFAULT_PRESET"))
+        self.views = ViewCache(self.manager, ttl=view_ttl)
+        self.figures = FigureCache()
+        self.evals = JobQueue(max_pending=self.limits.eval_pending, idle_timeout=self.limits.eval_idle_s, name="eval")
+        self.models = ModelCache(capacity=2)
+        self.uploads_dir = self.manager.root.parent / "uploads"
+        self._problems: list[dict] | None = None
+
+    # ---- presets --------------------------------------------------------------------------------
+    def _find_presets(self, extra: str | None) -> dict[str, Path]:
+        found = {p.stem: p for p in sorted(self.configs_dir.glob("*.yaml"))}
+        if extra and extra.endswith((".yaml", ".yml")) and Path(extra).is_file():
+            found.setdefault(Path(extra).stem, Path(extra).resolve())
+        return found
+
+    def _default_preset_name(self, wanted: str | None) -> str:
+        if wanted:
+            stem = Path(wanted).stem
+            if stem in self.presets:
+                return stem
+        for name in ("classroom", "quick"):
+            if name in self.presets:
+                return name
+        return next(iter(self.presets), "")
+
+    def preset_data(self, name) -> dict:
+        if not isinstance(name, str) or name not in self.presets:
+            known = ", ".join(self.presets) or "none"
+            raise FormError([("preset", f"unknown preset {name!r}; pick one of: {known}.")])
+        try:
+            return forms.load_preset_data(self.presets[name])
+        except ConfigError as e:
+            raise FormError([("preset", f"{name}: {m}") for _, m in e.errors]) from None
+
+    def preset_form(self, name) -> tuple[dict, str]:
+        """(form values, description) of a preset."""
+        from ..config import config_from_dict
+
+        data = self.preset_data(name)
+        try:
+            cfg = config_from_dict(data)
+        except ConfigError as e:
+            raise FormError([("preset", f"{name}: {p}: {m}") for p, m in e.errors]) from None
+        return forms.form_values(cfg), cfg.description
+
+    # ---- model names --------------------------------------------------------------------------
+    def model_roots(self) -> list[Path]:
+        roots = [*allowed_model_roots(), self.manager.root.resolve()]
+        return list(dict.fromkeys(roots))
+
+    def check_model(self, name, check_hub: bool = True) -> str:
+        resolved, problem = forms.check_model_name(name, self.model_roots(), self.manager.root)
+        if problem is None and check_hub:
+            problem = forms.hub_model_problem(resolved)
+        if problem:
+            raise FormError([("model.name", problem)])
+        return resolved
+
+    # ---- uploads --------------------------------------------------------------------------------
+    def check_upload(self, path) -> tuple[str, str]:
+        """(saved path, message) for an uploaded JSONL/CSV; raises FormError('upload', ...) when it is bad."""
+        if not path:
+            raise FormError([("upload", "no file was uploaded.")])
+        p = Path(str(path))
+        if not p.is_file():
+            raise FormError([("upload", "the uploaded file is gone; upload it again.")])
+        limit = self.limits.max_upload_mb * 2**20
+        size = p.stat().st_size
+        name = p.name
+        if size > limit:
+            raise FormError(
+                [("upload", f"{name}: {size / 2**20:.1f} MB is over the {self.limits.max_upload_mb} MB limit.")]
+            )
+        raw = p.read_bytes()
+        try:
+            problems = parse_custom_dataset(raw, name)
+        except DataError as e:
+            raise FormError([("upload", str(e))]) from None
+        digest = hashlib.sha256(raw).hexdigest()[:12]
+        safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in p.name)[-60:]
+        target = self.uploads_dir / f"{digest}-{safe}"
+        if not target.is_file():
+            self.uploads_dir.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.tmp")
+            tmp.write_bytes(raw)
+            os.replace(tmp, target)
+        levels = sorted({q.difficulty for q in problems})
+        msg = (
+            f"✓ **{_md(name)}**: {len(problems)} problems (difficulty {levels[0]}–{levels[-1]}). "
+            "Stages with source **custom** train on it."
+        )
+        return str(target), msg
+
+    # ---- training -------------------------------------------------------------------------------
+    def start(self, form: TrainForm, upload=None) -> Result:
+        try:
+            data = self.preset_data(form.preset)
+            if upload:
+                form.custom_path, _ = self.check_upload(upload)
+            cfg = forms.build_config(form, data, self.model_roots(), self.manager.root)
+        except FormError as e:
+            return Result(False, forms.errors_md(e.errors), forms.route_errors(e.errors))
+        try:
+            run = self.manager.start(cfg)
+        except RunInProgressError as e:
+            return Result(False, f"**A run is in progress** — {e} Watch it below, or press **Stop** first.")
+        except ConfigError as e:
+            return Result(False, forms.errors_md(e.errors), forms.route_errors(e.errors))
+        finally:
+            self.views.invalidate()
+        notes = "".join(f"\n\nNote: {n}" for n in form.notes)
+        return Result(
+            True,
+            f"Started run **{run.id}**: {len(cfg.stages)} stages, {cfg.total_steps} steps. "
+            f"The charts below follow it live.{notes}",
+            run_id=run.id,
+        )
+
+    def stop(self) -> Result:
+        try:
+            if self.manager.stop():
+                rid = self.manager.current_run.id if self.manager.current_run else "?"
+                return Result(
+                    True,
+                    f"Stopping **{rid}** after the current step; it saves a checkpoint you can resume.",
+                    run_id=rid,
+                )
+            return Result(False, "No run is training on this server, so there is nothing to stop.")
+        finally:
+            self.views.invalidate()
+
+    def resume(self, run_id=None) -> Result:
+        try:
+            if run_id is not None and not isinstance(run_id, str):
+                return Result(False, f"{run_id!r} is not a run id.")
+            if run_id and run_id.strip():
+                try:
+                    rid = validate_run_id(run_id)
+                except ValueError as e:
+                    return Result(False, str(e))
+                run = RunDir(self.manager.root / rid)
+                if not run.config_path.is_file():
+                    return Result(False, f"There is no run '{rid}'.")
+            else:
+                if self.manager.active:
+                    return Result(False, "**A run is in progress**; nothing to resume.")
+                run = resume_target(self.manager)
+                if run is None:
+                    return Result(False, "No stopped or interrupted run with a checkpoint to resume.")
+            try:
+                self.manager.resume(run.id)
+            except RunInProgressError as e:
+                return Result(False, f"**A run is in progress** — {e}")
+            except ValueError as e:
+                return Result(False, str(e))
+            ck = run.latest_checkpoint() or {}
+            return Result(True, f"Resumed **{run.id}** from step {ck.get('global_step', '?')}.", run_id=run.id)
+        finally:
+            self.views.invalidate()
+
+    def view(self) -> dict:
+        return self.views.get()
+
+    def status(self) -> dict:
+        """JSON-ready status of the run the Train tab shows."""
+        view = self.view()
+        p = progress(view)
+        last = view["metrics"][-1] if view["metrics"] else {}
+        return {
+            **p,
+            "active": bool(view.get("active")),
+            "steps_recorded": len(view["metrics"]),
+            "last_step": last.get("step"),
+            "reward": last.get("reward"),
+            "rewards": last.get("rewards") or {},
+            "loss": last.get("loss"),
+            "rss_mb": last.get("rss_mb"),
+            "latest_step_groups": len((view.get("latest_step") or {}).get("groups") or []),
+        }
+
+    def chart_json(self, view: dict, names=TRAIN_CHARTS) -> dict[str, str]:
+        """Plotly JSON of the training charts of `view`, built once per version for every page."""
+        rev = view.get("run_id") or "none"
+        metrics, stages, events = view.get("metrics") or [], view.get("stages"), view.get("events") or []
+
+        def build_steps():
+            return {
+                "reward": reward_figure(metrics, stages, rev).to_json(),
+                "loss": loss_figure(metrics, stages, rev).to_json(),
+                "length": length_figure(metrics, stages, rev).to_json(),
+                "throughput": throughput_figure(metrics, stages, rev).to_json(),
+            }
+
+        def build_memory():
+            return memory_figure(view.get("memory") or [], events, view.get("started"), rev).to_json()
+
+        out = dict(self.figures.get(("train", view["version"]), build_steps))
+        if "memory" in names:
+            out["memory"] = self.figures.get(("memory", rev, view.get("mem_version"), len(events)), build_memory)
+        return {k: out[k] for k in names}
+
+    # ---- comparisons ---------------------------------------------------------------------------
+    def run_with_model(self, run_id) -> RunDir:
+        if not isinstance(run_id, str) or not run_id.strip():
+            raise FormError([("run", "pick a run (its trained model is compared with its base model).")])
+        try:
+            run = self.manager.get(run_id)
+        except ValueError as e:
+            raise FormError([("run", str(e))]) from None
+        if not (run.final_dir / "config.json").is_file():
+            raise FormError([("run", f"run '{run.id}' has no trained model yet (a run saves one when it completes).")])
+        return run
+
+    def compare_spec(self, mode, run_id, base, trained, eval_set, n, dmin, dmax, seed, max_tokens) -> dict:
+        from ..evaluation import EvalSettings
+
+        errors: list = []
+        n = forms.parse_int(n, "n", "N (problems)", errors, 1, self.limits.max_eval_n)
+        seed = forms.parse_int(seed, "seed", "seed", errors, 0, forms.MAX_SEED)
+        dmin = forms.parse_int(dmin, "difficulty", "min difficulty", errors, 0, forms.MAX_DIFFICULTY)
+        dmax = forms.parse_int(dmax, "difficulty", "max difficulty", errors, 0, forms.MAX_DIFFICULTY)
+        tokens = forms.parse_int(max_tokens, "max_tokens", "max answer tokens", errors, 16, self.limits.max_eval_tokens)
+        if dmin is not None and dmax is not None and dmax < dmin:
+            errors.append(("difficulty", f"the difficulty range {dmin}..{dmax} is empty (max below min)."))
+        eval_set = eval_set if isinstance(eval_set, str) else ""
+        if eval_set != "gsm8k" and not eval_set.startswith("stage:"):
+            errors.append(("eval_set", f"unknown problem set {eval_set!r}; use 'gsm8k' or 'stage:<k>'."))
+        run = cfg = None
+        if mode == "run":
+            try:
+                run = self.run_with_model(run_id)
+                cfg = run.config()
+                base_name, trained_name = cfg.model.name, str(run.final_dir)
+            except FormError as e:
+                errors += e.errors
+        elif mode == "models":
+            base_name = trained_name = None
+            for role, name in (("base", base), ("trained", trained)):
+                try:
+                    resolved = self.check_model(name)
+                except FormError as e:
+                    errors.append((role, f"{role} model: {e.errors[0][1]}"))
+                    continue
+                if role == "base":
+                    base_name = resolved
+                else:
+                    trained_name = resolved
+        else:
+            errors.append(("mode", f"unknown mode {mode!r}; use 'run' or 'models'."))
+        stage_k = None
+        if not errors and eval_set.startswith("stage:"):
+            if cfg is None:
+                errors.append(("eval_set", "held-out stage problems need a run: pick 'A run vs its base model'."))
+            else:
+                try:
+                    stage_k = int(eval_set.split(":", 1)[1])
+                    if not 0 <= stage_k < len(cfg.stages):
+                        raise ValueError
+                except ValueError:
+                    errors.append(("eval_set", f"{eval_set!r}: the run has stages 0..{len(cfg.stages) - 1}."))
+        if errors:
+            raise FormError(errors)
+        data_cfg = cfg.data if cfg is not None else DataConfig()
+        system_prompt = data_cfg.system_prompt
+        if stage_k is not None:
+            st = cfg.stages[stage_k]
+            extra = {k: getattr(st, k) for k in ("max_digits", "operators", "negation") if hasattr(st, k)}
+            settings = EvalSettings(
+                n=n,
+                seed=seed,
+                system_prompt=system_prompt,
+                max_new_tokens=tokens,
+                source=st.source,
+                min_difficulty=st.min_difficulty,
+                max_difficulty=st.max_difficulty,
+                extra=extra,
+            )
+            name = f"stage{stage_k + 1}-{st.name}-n{n}-seed{seed}"
+            what = f"held-out problems like stage {stage_k + 1} ({st.name})"
+        else:
+            settings = EvalSettings(
+                n=n,
+                seed=seed,
+                system_prompt=system_prompt,
+                max_new_tokens=tokens,
+                min_difficulty=dmin,
+                max_difficulty=dmax,
+            )
+            name = f"gsm8k-n{n}-seed{seed}-d{dmin}-{dmax}"
+            what = f"GSM8K test, difficulty {dmin}–{dmax}"
+        try:
+            settings.validate()
+        except ValueError as e:
+            raise FormError([("settings", str(e))]) from None
+        return {
+            "base": base_name,
+            "trained": trained_name,
+            "settings": settings,
+            "data_cfg": data_cfg,
+            "run": run,
+            "stage": stage_k,
+            "name": name,
+            "what": what,
+        }
+
+    def submit_compare(self, spec: dict, watcher: str | None = None):
+        """Queue the comparison (or join the same one already queued); returns the Job."""
+        from dataclasses import asdict
+
+        from ..evaluation import compare_models, save_compare
+
+        key = json.dumps([spec["base"], spec["trained"], asdict(spec["settings"])], sort_keys=True, default=str)
+        n = spec["settings"].n
+
+        def work(report, should_stop):
+            report(phase="loading problems", base_done=0, base_total=n, trained_done=0, trained_total=n)
+
+            def prog(role, done, total):
+                report(phase=f"evaluating the {role} model", **{f"{role}_done": done, f"{role}_total": total})
+
+            result = compare_models(
+                spec["base"],
+                spec["trained"],
+                spec["settings"],
+                spec["data_cfg"],
+                prog,
+                should_stop,
+                restrict_paths=False,
+            )
+            if spec["run"] is not None:
+                if spec["stage"] is not None:
+                    result["overlap_with_training"] = _training_overlap(spec["run"], result)
+                save_compare(result, spec["run"].eval_dir / f"{spec['name']}.json")
+            result["what"] = spec["what"]
+            return result
+
+        label = f"{spec['what']}: {spec['base']} vs {spec['trained']}"
+        return self.evals.submit(work, label=label, key=key, watcher=watcher)
+
+    # ---- the Try tab ----------------------------------------------------------------------------
+    def try_models(self, mode, run_id, base, trained) -> dict:
+        """{'roles': {role: model name}, 'labels', 'weights', 'system_prompt'} or FormError."""
+        from ..config import DEFAULT_SYSTEM_PROMPT, RewardsConfig
+
+        if mode == "run":
+            run = self.run_with_model(run_id)
+            cfg = run.config()
+            return {
+                "roles": {"base": cfg.model.name, "trained": str(run.final_dir)},
+                "weights": dict(cfg.rewards.weights),
+                "system_prompt": cfg.data.system_prompt,
+                "titles": {"base": f"Base: {cfg.model.name}", "trained": f"Trained: {run.id}"},
+            }
+        if mode == "models":
+            errors, roles = [], {}
+            for role, name in (("base", base), ("trained", trained)):
+                try:
+                    roles[role] = self.check_model(name)
+                except FormError as e:
+                    errors.append((role, f"{role} model: {e.errors[0][1]}"))
+            if errors:
+                raise FormError(errors)
+            return {
+                "roles": roles,
+                "weights": dict(RewardsConfig().weights),
+                "system_prompt": DEFAULT_SYSTEM_PROMPT,
+                "titles": {"base": f"Model A: {roles['base']}", "trained": f"Model B: {roles['trained']}"},
+            }
+        raise FormError([("mode", f"unknown mode {mode!r}; use 'run' or 'models'.")])
+
+    def check_try_input(self, question, gold, max_tokens) -> int:
+        errors = []
+        if question is not None and not isinstance(question, str):
+            errors.append(("question", f"the question must be text, got {type(question).__name__}."))
+        elif (msg := check_question(question)) is not None:
+            errors.append(("question", msg))
+        if gold is not None and not isinstance(gold, (str, int, float)):
+            errors.append(("gold", "the expected answer must be a number or empty."))
+        elif (msg := check_gold(None if gold is None else str(gold))) is not None:
+            errors.append(("gold", msg))
+        tokens = forms.parse_int(max_tokens, "max_tokens", "max answer tokens", errors, 8, self.limits.max_try_tokens)
+        if errors:
+            raise FormError(errors)
+        return tokens
+
+    def load_model(self, name: str):
+        fp = ""
+        p = Path(name)
+        if p.is_dir():
+            fp = ",".join(f"{f.name}:{f.stat().st_mtime_ns}" for f in sorted(p.glob("*.safetensors")))
+        return self.models.get(name, fp)
+
+    def sample_problems(self) -> list[dict]:
+        """A few problems to pick from: GSM8K test (when present) and generated arithmetic."""
+        if self._problems is None:
+            out = []
+            try:
+                probs, _ = load_gsm8k("test", DataConfig())
+                picks = [p for p in probs if 2 <= p.difficulty <= 3][:10]
+                out += [
+                    {"label": f"GSM8K: {p.question[:70]}…", "question": p.question, "answer": p.answer} for p in picks
+                ]
+            except DataError:
+                pass
+            try:
+                for p in make_arithmetic(6, seed=7, min_ops=1, max_ops=2):
+                    out.append({"label": f"Arithmetic: {p.question[:70]}", "question": p.question, "answer": p.answer})
+            except Exception:  # noqa: BLE001 - examples are a convenience, never a reason to fail
+                pass
+            self._problems = out
+        return self._problems
+
+    # ---- runs -----------------------------------------------------------------------------------
+    def run_summaries(self) -> list[dict]:
+        out = []
+        for run in self.manager.runs():
+            try:
+                out.append(run.summary())
+            except Exception:  # noqa: BLE001 - a damaged folder must not hide the others
+                log.exception("cannot read run %s", run.id)
+        return out
+
+    def run_ids(self, with_model: bool = False) -> list[str]:
+        runs = self.manager.runs()
+        if with_model:
+            runs = [r for r in runs if (r.final_dir / "config.json").is_file()]
+        return [r.id for r in runs]
+
+    def get_run(self, run_id) -> RunDir:
+        if not isinstance(run_id, str) or not run_id.strip():
+            raise FormError([("run", "pick a run first.")])
+        try:
+            return self.manager.get(run_id)
+        except ValueError as e:
+            raise FormError([("run", str(e))]) from None
+
+    def run_view(self, run: RunDir) -> dict:
+        cur = self.manager.current_run
+        if cur is not None and cur.id == run.id:
+            return live_view(self.manager)
+        return disk_view(run)
+
+    def run_evals(self, run: RunDir) -> list[tuple[str, dict]]:
+        out = []
+        if run.eval_dir.is_dir():
+            for f in sorted(run.eval_dir.glob("*.json")):
+                res = read_json(f)
+                if isinstance(res, dict):
+                    out.append((f.stem, res))
+        return out
+
+    def delete_run(self, run_id, confirmation) -> Result:
+        try:
+            run = self.get_run(run_id)
+        except FormError as e:
+            return Result(False, e.errors[0][1])
+        if not isinstance(confirmation, str) or confirmation.strip() != run.id:
+            return Result(
+                False, f"To delete **{run.id}**, type its id in the confirmation box exactly; nothing was deleted."
+            )
+        try:
+            self.manager.delete(run.id)
+        except RunInProgressError as e:
+            return Result(False, str(e))
+        finally:
+            self.views.invalidate()
+        return Result(True, f"Deleted **{run.id}**.", run_id=run.id)
+
+    def resumable_runs(self) -> list[str]:
+        return [r.id for r in self.manager.runs()[:50] if resumable(r)]
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    def shutdown(self, timeout: float = 600.0) -> str:
+        """Stop the training job cleanly (checkpoint) and the evaluations; returns what happened."""
+        msg = "no run was training"
+        if self.manager.active:
+            rid = self.manager.current_run.id if self.manager.current_run else "?"
+            self.manager.stop()
+            done = self.manager.wait(timeout)
+            msg = f"run {rid} stopped with a checkpoint" if done else f"run {rid} did not stop within {timeout:.0f} s"
+        self.evals.shutdown(wait=5.0)
+        return msg
+
+    def job_done(self, job) -> bool:
+        return job.status in FINISHED
+
+
+def difficulty_json(result: dict) -> str:
+    return difficulty_figure(result).to_json()
+
+
+def _training_overlap(run: RunDir, result: dict) -> dict:
+    """How many evaluated problems also occur in the run's training pools (should be 0: checked, not assumed)."""
+    from ..data import stage_pool
+
+    try:
+        cfg = run.config()
+        seen: set[str] = set()
+        for k, stage in enumerate(cfg.stages):
+            seen.update(p.question for p in stage_pool(stage, cfg.data, seed=cfg.data.seed + k).problems)
+    except Exception as e:  # noqa: BLE001
+        return {"error": str(e)}
+    qs = [r["question"] for r in result["base"]["records"]]
+    return {"n": len(qs), "in_training": sum(q in seen for q in qs)}
+
+
+def _md(text: str) -> str:
+    return "".join("\\" + c if c in "\\`*_{}[]<>()#+-.!|" else c for c in str(text))
+
+
+__all__ = ["Studio", "Result", "Limits", "FormError", "TrainForm", "QueueFullError", "load_yaml_text"]

@@ -1,0 +1,386 @@
+"""Train tab: the settings form, Start / Stop / Resume, the live status line and charts, and
+"Inside a GRPO step".
+
+Every page polls with a gr.Timer. A tick reads the studio's shared view (recomputed at most twice
+a second for all pages), sends the status line, and sends a chart only when the run's version
+marker changed since this page last drew it — the figures themselves are built once per change
+for everybody, and carry `uirevision` so a redraw keeps the viewer's zoom. A page opened (or
+reloaded) during a run gets the whole history on its first tick.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from ..config import GSM8K_MODES
+from ..monitor import progress
+from . import render
+from .common import guard, plot, slot
+from .forms import SLOTS, STAGE_HEADERS, FormError, TrainForm
+from .studio import TRAIN_CHARTS, Studio
+
+GSM8K_CHOICES = [
+    ("auto — GSM8K from the local copy or the hub; generated look-alikes if neither is there", "auto"),
+    ("local — only the local GSM8K folder", "local"),
+    ("hub — download GSM8K from Hugging Face", "hub"),
+    ("offline — never GSM8K; generated look-alike word problems", "offline"),
+]
+assert [v for _, v in GSM8K_CHOICES] == list(GSM8K_MODES)
+
+STAGES_HELP = (
+    "One row per curriculum stage, trained in order. **source**: `arithmetic` (generated sums; difficulty = "
+    "number of operators, 1–5), `gsm8k` (grade-school word problems; difficulty = calculation steps, mostly 2–4), "
+    "`gsm_symbolic` (generated word problems), `custom` (your uploaded file). Add or delete rows as you like."
+)
+
+
+@dataclass
+class TrainTab:
+    studio: Studio
+    inputs: list
+    state: gr.State
+    tick_outputs: list
+    tick_fn: object
+    group: gr.Dropdown
+
+    def attach_load(self, demo: gr.Blocks) -> None:
+        demo.load(
+            self.tick_fn,
+            [self.state, self.group],
+            self.tick_outputs,
+            api_visibility="undocumented",
+            show_progress="hidden",
+        )
+
+
+def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
+    presets = list(studio.presets)
+    try:
+        values, description = studio.preset_form(studio.default_preset)
+    except FormError as e:  # a broken preset file must not take the page down
+        values, description = {}, f"Preset problem: {e}"
+    v = values.get
+
+    with gr.Accordion("Settings", open=True, elem_id="train-settings"):
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=1, min_width=260):
+                preset = gr.Dropdown(
+                    presets,
+                    value=studio.default_preset or None,
+                    label="Preset",
+                    elem_id="preset",
+                    info="Fills every setting below; change any of them before starting.",
+                )
+                preset_desc = gr.Markdown(description or "", elem_id="preset-description")
+                err_preset = gr.Markdown(visible=False, elem_classes="field-error")
+            with gr.Column(scale=1, min_width=260):
+                model = gr.Textbox(
+                    value=v("model", "embedded"),
+                    label="Model",
+                    elem_id="model",
+                    max_lines=1,
+                    info="'embedded' (SmolLM2-135M, works offline), a hub id like owner/name, a run id, or a model folder under models/.",
+                )
+                err_model = gr.Markdown(visible=False, elem_classes="field-error")
+            with gr.Column(scale=1, min_width=260):
+                gsm8k = gr.Dropdown(
+                    GSM8K_CHOICES, value=v("gsm8k", "auto"), label="Data source (GSM8K)", elem_id="data-source"
+                )
+                err_data = gr.Markdown(visible=False, elem_classes="field-error")
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=2, min_width=300):
+                upload = gr.File(
+                    label="Your own problems: a JSONL or CSV file with question and answer columns (used by stages with source 'custom')",
+                    file_types=[".jsonl", ".csv"],
+                    type="filepath",
+                    elem_id="upload",
+                    height=150,
+                )
+            with gr.Column(scale=1, min_width=260):
+                upload_msg = gr.Markdown(
+                    f"Up to {studio.limits.max_upload_mb} MB. Each row needs a question and a numeric answer "
+                    "(or a worked solution ending in `#### <number>`).",
+                    elem_id="upload-message",
+                )
+                err_upload = gr.Markdown(visible=False, elem_classes="field-error", elem_id="upload-error")
+        stages = gr.Dataframe(
+            value=v("stages", [["stage1", "arithmetic", 1, 1, 10]]),
+            headers=STAGE_HEADERS,
+            datatype=["str", "str", "number", "number", "number"],
+            column_count=5,
+            type="array",
+            interactive=True,
+            label="Curriculum stages",
+            elem_id="stages",
+        )
+        gr.Markdown(STAGES_HELP, elem_classes="help")
+        err_stages = gr.Markdown(visible=False, elem_classes="field-error", elem_id="stages-error")
+        with gr.Row(equal_height=False):
+            with gr.Column(min_width=150):
+                num_gen = gr.Number(
+                    v("num_generations", 8),
+                    label="G: completions per prompt",
+                    precision=None,
+                    elem_id="num-generations",
+                )
+                err_g = gr.Markdown(visible=False, elem_classes="field-error")
+            with gr.Column(min_width=150):
+                prompts = gr.Number(
+                    v("prompts_per_step", 4), label="Prompts per step", precision=None, elem_id="prompts-per-step"
+                )
+            with gr.Column(min_width=150):
+                length = gr.Number(
+                    v("max_completion_length", 96),
+                    label="Completion length (tokens)",
+                    precision=None,
+                    elem_id="completion-length",
+                )
+                err_len = gr.Markdown(visible=False, elem_classes="field-error")
+            with gr.Column(min_width=150):
+                lr = gr.Textbox(
+                    v("learning_rate", "1e-05"), label="Learning rate", max_lines=1, elem_id="learning-rate"
+                )
+                err_lr = gr.Markdown(visible=False, elem_classes="field-error")
+            with gr.Column(min_width=150):
+                seed = gr.Number(v("seed", 42), label="Seed", precision=None, elem_id="seed")
+                err_seed = gr.Markdown(visible=False, elem_classes="field-error")
+            with gr.Column(min_width=150):
+                run_name = gr.Textbox(v("run_name", ""), label="Run name (optional)", max_lines=1, elem_id="run-name")
+                err_name = gr.Markdown(visible=False, elem_classes="field-error")
+        with gr.Row(equal_height=False):
+            with gr.Column(min_width=200):
+                ewc = gr.Checkbox(
+                    v("ewc", True), label="EWC: protect what earlier stages learned (Fisher penalty)", elem_id="ewc"
+                )
+                lam = gr.Number(v("ewc_lam", 50.0), label="EWC λ (strength)", precision=None, elem_id="ewc-lambda")
+                err_ewc = gr.Markdown(visible=False, elem_classes="field-error")
+            with gr.Column(min_width=200):
+                lora = gr.Checkbox(
+                    v("lora", False), label="LoRA: train small adapters instead of all weights", elem_id="lora"
+                )
+                err_lora = gr.Markdown(visible=False, elem_classes="field-error")
+
+    with gr.Row():
+        start_btn = gr.Button("Start training", variant="primary", elem_id="start-btn", scale=2)
+        stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn", scale=1)
+        resume_btn = gr.Button("Resume", variant="secondary", elem_id="resume-btn", scale=1)
+    message = gr.Markdown(elem_id="train-message")
+    status = gr.HTML(render.status_html({}), elem_id="status")
+
+    with gr.Row(equal_height=True):
+        reward_plot = gr.Plot(show_label=False, elem_id="chart-reward")
+        loss_plot = gr.Plot(show_label=False, elem_id="chart-loss")
+    with gr.Row(equal_height=True):
+        length_plot = gr.Plot(show_label=False, elem_id="chart-length")
+        throughput_plot = gr.Plot(show_label=False, elem_id="chart-throughput")
+    with gr.Row(equal_height=True):
+        memory_plot = gr.Plot(show_label=False, elem_id="chart-memory")
+        events_md = gr.Markdown(elem_id="run-events")
+
+    gr.Markdown(
+        "## Inside a GRPO step\nFor the latest step: one prompt, the G completions the model sampled for it, what each "
+        "reward function paid, and the **advantage** that decides which completions are made more likely."
+    )
+    group = gr.Dropdown(
+        choices=[], value=None, label="Prompt of this step", allow_custom_value=True, elem_id="step-group"
+    )
+    step_view = gr.HTML(render.step_html(None), elem_id="grpo-step")
+    state = gr.State(None)
+
+    form_inputs = [preset, model, gsm8k, upload, stages, num_gen, length, prompts, lr, ewc, lam, lora, seed, run_name]
+    slot_components = {
+        "preset": err_preset,
+        "model": err_model,
+        "data": err_data,
+        "upload": err_upload,
+        "stages": err_stages,
+        "num_generations": err_g,
+        "max_completion_length": err_len,
+        "learning_rate": err_lr,
+        "ewc": err_ewc,
+        "lora": err_lora,
+        "seed": err_seed,
+        "run_name": err_name,
+    }
+    assert set(slot_components) == set(SLOTS)
+    slot_outputs = [slot_components[s] for s in SLOTS]
+    plots = {
+        "reward": reward_plot,
+        "loss": loss_plot,
+        "length": length_plot,
+        "memory": memory_plot,
+        "throughput": throughput_plot,
+    }
+    tick_outputs = [state, status, *[plots[k] for k in TRAIN_CHARTS], step_view, group, events_md]
+
+    # ---- the tick: cheap when nothing changed ----------------------------------------------------
+    @guard("refresh the training view")
+    def tick(st, prompt):
+        st = dict(st or {})
+        view = studio.view()
+        status_value = render.status_html(progress(view))
+        out_status = gr.skip() if st.get("status") == status_value else status_value
+        st["status"] = status_value
+        charts = [gr.skip()] * len(TRAIN_CHARTS)
+        steps_changed = st.get("v") != view["version"]
+        mem_changed = st.get("mv") != view.get("mem_version") or steps_changed
+        if steps_changed or mem_changed:
+            js = studio.chart_json(view)
+            for i, name in enumerate(TRAIN_CHARTS):
+                if (name == "memory" and mem_changed) or (name != "memory" and steps_changed):
+                    charts[i] = plot(js[name])
+            st["v"], st["mv"] = view["version"], view.get("mem_version")
+        step = view.get("latest_step")
+        step_id = (view["run_id"], (step or {}).get("step"), (step or {}).get("stage"))
+        g = _group_index(prompt)
+        out_step, out_group = gr.skip(), gr.skip()
+        if st.get("step_id") != step_id:
+            choices = render.group_choices(step)
+            g = g if g < len(choices) else 0
+            out_group = gr.update(choices=choices, value=g if choices else None)
+            out_step = render.step_html(step, g)
+            st["step_id"], st["group"] = step_id, g
+        elif st.get("group") != g:
+            out_step = render.step_html(step, g)
+            st["group"] = g
+        out_events = render.events_md(view.get("events") or []) if steps_changed else gr.skip()
+        return [st, out_status, *charts, out_step, out_group, out_events]
+
+    timer = gr.Timer(timer_s)
+    timer.tick(
+        tick,
+        [state, group],
+        tick_outputs,
+        api_name="poll",
+        show_progress="hidden",
+        concurrency_limit=None,
+        trigger_mode="always_last",
+    )
+
+    @guard("show that prompt")
+    def pick_group(prompt):
+        view = studio.view()
+        return render.step_html(view.get("latest_step"), _group_index(prompt))
+
+    group.input(pick_group, [group], [step_view], api_name="step_group", show_progress="hidden", concurrency_limit=None)
+
+    # ---- actions ---------------------------------------------------------------------------------
+    @guard("start training")
+    def on_start(
+        preset,
+        model,
+        data_source,
+        upload,
+        stages,
+        num_generations,
+        completion_length,
+        prompts_per_step,
+        learning_rate,
+        ewc,
+        ewc_lambda,
+        lora,
+        seed,
+        run_name,
+    ):
+        form = TrainForm(
+            preset=preset,
+            model=model,
+            gsm8k=data_source,
+            stages=stages,
+            num_generations=num_generations,
+            max_completion_length=completion_length,
+            prompts_per_step=prompts_per_step,
+            learning_rate=learning_rate,
+            ewc=ewc,
+            ewc_lam=ewc_lambda,
+            lora=lora,
+            seed=seed,
+            run_name=run_name,
+        )
+        res = studio.start(form, upload)
+        return [res.message, *[slot(res.errors.get(s)) for s in SLOTS]]
+
+    start_btn.click(
+        on_start, form_inputs, [message, *slot_outputs], api_name="start", concurrency_id="train_control"
+    ).then(tick, [state, group], tick_outputs, show_progress="hidden", api_visibility="undocumented")
+
+    @guard("stop training")
+    def on_stop():
+        return studio.stop().message
+
+    stop_btn.click(on_stop, None, [message], api_name="stop", concurrency_limit=None).then(
+        tick, [state, group], tick_outputs, show_progress="hidden", api_visibility="undocumented"
+    )
+
+    @guard("resume training")
+    def on_resume():
+        return studio.resume(None).message
+
+    resume_btn.click(on_resume, None, [message], api_name="resume", concurrency_id="train_control").then(
+        tick, [state, group], tick_outputs, show_progress="hidden", api_visibility="undocumented"
+    )
+
+    @guard("load the preset")
+    def on_preset(preset):
+        try:
+            vals, desc = studio.preset_form(preset)
+        except FormError as e:
+            return [gr.skip()] * 12 + [slot([m for _, m in e.errors])]
+        return [
+            desc,
+            vals["model"],
+            vals["gsm8k"],
+            vals["stages"],
+            vals["num_generations"],
+            vals["max_completion_length"],
+            vals["prompts_per_step"],
+            vals["learning_rate"],
+            vals["ewc"],
+            vals["ewc_lam"],
+            vals["lora"],
+            vals["seed"],
+            slot(None),
+        ]
+
+    preset.input(
+        on_preset,
+        [preset],
+        [preset_desc, model, gsm8k, stages, num_gen, length, prompts, lr, ewc, lam, lora, seed, err_preset],
+        api_name="preset",
+    )
+
+    @guard("check the uploaded file")
+    def on_upload(file):
+        if not file:
+            return "", slot(None)
+        try:
+            _, msg = studio.check_upload(file)
+        except FormError as e:
+            return "", slot([m for _, m in e.errors])
+        return msg, slot(None)
+
+    upload.upload(on_upload, [upload], [upload_msg, err_upload], api_name="upload")
+    upload.clear(lambda: ("", slot(None)), None, [upload_msg, err_upload], api_visibility="undocumented")
+
+    gr.api(_status_api(studio), api_name="status", concurrency_limit=None)
+
+    return TrainTab(
+        studio=studio, inputs=form_inputs, state=state, tick_outputs=tick_outputs, tick_fn=tick, group=group
+    )
+
+
+def _group_index(value) -> int:
+    try:
+        return max(0, int(value))
+    except (TypeError, ValueError):
+        return 0
+
+
+def _status_api(studio: Studio):
+    def status() -> dict:
+        """The training run this server shows: state, stage, step, elapsed, ETA, tokens/s, latest reward."""
+        return studio.status()
+
+    return status

@@ -1,0 +1,159 @@
+"""The state pages share, without a browser: presets, uploads, start/stop/resume, chart caching, runs."""
+
+import time
+from pathlib import Path
+
+import pytest
+
+from grpo_app.runs import RunManager
+from grpo_app.ui.forms import FormError, TrainForm
+from grpo_app.ui.studio import FigureCache, Studio, ViewCache
+
+APP_CONFIGS = Path("tests/configs/app")
+
+
+@pytest.fixture
+def studio(tmp_path, monkeypatch):
+    from grpo_app.models import cache_root
+
+    monkeypatch.setenv("GRPO_APP_CACHE_DIR", str(cache_root()))  # keep the embedded tokenizer the tiny model borrows
+    monkeypatch.setenv("GRPO_APP_MODELS_DIR", str(tmp_path / "models"))
+    s = Studio(manager=RunManager(tmp_path / "runs"), configs_dir=APP_CONFIGS, default_preset="tiny-short")
+    yield s
+    s.shutdown(timeout=120)
+
+
+def form(studio, preset="tiny-short", **over):
+    values, _ = studio.preset_form(preset)
+    values.update(over)
+    return TrainForm(preset=preset, **values)
+
+
+def wait(pred, timeout=300):
+    t = time.time()
+    while time.time() - t < timeout:
+        if pred():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_presets_come_from_the_configs_folder(studio):
+    assert list(studio.presets) == ["tiny-app", "tiny-short"] and studio.default_preset == "tiny-short"
+    values, desc = studio.preset_form("tiny-app")
+    assert values["stages"][0] == ["add", "arithmetic", 1, 1, 15] and "Tests only" in desc
+    with pytest.raises(FormError, match="unknown preset"):
+        studio.preset_form("../configs/quick")
+
+
+def test_upload_is_checked_and_saved(studio, tmp_path):
+    good = tmp_path / "mine.jsonl"
+    good.write_text('{"question": "1+1?", "answer": "2"}\n{"question": "2+5?", "answer": "#### 7"}\n')
+    saved, msg = studio.check_upload(str(good))
+    assert Path(saved).parent == studio.uploads_dir and "2 problems" in msg
+    assert studio.check_upload(str(good))[0] == saved  # the same content is stored once
+    bad = tmp_path / "bad.csv"
+    bad.write_text("question,answer\nwhat?,seven\nok?,3\n")
+    with pytest.raises(FormError, match="row 2: answer 'seven' is not a number"):
+        studio.check_upload(str(bad))
+    big = tmp_path / "big.jsonl"
+    big.write_bytes(b"x" * (studio.limits.max_upload_mb * 2**20 + 1))
+    with pytest.raises(FormError, match="over the"):
+        studio.check_upload(str(big))
+
+
+def test_start_refuses_bad_forms_and_a_second_run_then_stop_and_resume(studio):
+    res = studio.start(form(studio, num_generations=1, learning_rate="x"))
+    assert not res.ok and "Nothing was started" in res.message
+    assert set(res.errors) == {"num_generations", "learning_rate"} and studio.manager.runs() == []
+
+    res = studio.start(form(studio, stages=[["a", "arithmetic", 1, 1, 30]]))
+    assert res.ok and res.run_id
+    second = studio.start(form(studio))
+    assert not second.ok and "A run is in progress" in second.message
+    assert wait(lambda: studio.status()["steps_recorded"] >= 1)
+    st = studio.status()
+    assert st["run_id"] == res.run_id and st["active"] and st["total_steps"] == 30
+
+    assert studio.stop().ok
+    assert wait(lambda: not studio.manager.active)
+    assert studio.status()["state"] == "stopped"
+    assert not studio.stop().ok  # nothing to stop any more
+    assert "not a run id" in studio.resume("../x").message
+    res2 = studio.resume(None)  # the newest resumable run
+    assert res2.ok and res2.run_id == res.run_id
+    studio.manager.stop()
+    assert wait(lambda: not studio.manager.active)
+
+
+def test_charts_are_built_once_per_version(studio):
+    res = studio.start(form(studio))
+    assert res.ok
+    assert wait(lambda: not studio.manager.active)
+    view = studio.view()
+    builds = studio.figures.builds
+    first = studio.chart_json(view)
+    assert set(first) == {"reward", "loss", "length", "memory", "throughput"}
+    assert studio.chart_json(view) == first and studio.figures.builds == builds + 2  # steps + memory, once
+    assert '"uirevision":"' + res.run_id in first["reward"].replace(" ", "")
+
+
+def test_view_cache_ttl_and_invalidate(tmp_path):
+    mgr = RunManager(tmp_path / "runs")
+    cache = ViewCache(mgr, ttl=60)
+    v = cache.get()
+    assert cache.get() is v
+    cache.invalidate()
+    assert cache.get() is not v
+
+
+def test_figure_cache_evicts_oldest():
+    cache = FigureCache(size=2)
+    for k in "abc":
+        cache.get(k, lambda k=k: k.upper())
+    assert cache.get("a", lambda: "rebuilt") == "rebuilt" and cache.builds == 4
+
+
+def test_delete_needs_the_typed_run_id(studio):
+    res = studio.start(form(studio))
+    assert wait(lambda: not studio.manager.active)
+    rid = res.run_id
+    assert "type its id" in studio.delete_run(rid, "yes").message
+    assert "not a run id" in studio.delete_run("../" + rid, rid).message
+    assert studio.delete_run(rid, rid).ok and studio.manager.runs() == []
+    assert studio.view()["run_id"] is None  # the page no longer shows the deleted run
+
+
+@pytest.mark.parametrize(
+    "args,text",
+    [
+        (("run", "", "", "", "gsm8k", 5, 0, 10, 0, 64), "pick a run"),
+        (("run", "../etc", "", "", "gsm8k", 5, 0, 10, 0, 64), "not a run id"),
+        (("models", None, "embedded", "/etc", "gsm8k", 5, 0, 10, 0, 64), "trained model: '/etc' is outside"),
+        (("models", None, "embedded", "embedded", "gsm8k", 0, 0, 10, 0, 64), "N (problems): 0 is out of range"),
+        (("models", None, "embedded", "embedded", "gsm8k", "ten", 0, 10, 0, 64), "expected a whole number"),
+        (("models", None, "embedded", "embedded", "gsm8k", 5, 6, 2, 0, 64), "is empty (max below min)"),
+        (("models", None, "embedded", "embedded", "stage:0", 5, 0, 10, 0, 64), "need a run"),
+        (("models", None, "embedded", "embedded", "mmlu", 5, 0, 10, 0, 64), "unknown problem set"),
+        (("models", None, "embedded", "embedded", "gsm8k", 5, 0, 10, 0, 4), "max answer tokens"),
+        (("both", None, "embedded", "embedded", "gsm8k", 5, 0, 10, 0, 64), "unknown mode"),
+    ],
+)
+def test_compare_requests_are_checked(studio, args, text):
+    with pytest.raises(FormError) as e:
+        studio.compare_spec(*args)
+    assert any(text in m for _, m in e.value.errors), e.value.errors
+
+
+def test_try_inputs_are_checked(studio):
+    for args, text in (
+        (("", None, 64), "Type a question"),
+        (("q" * 5000, None, 64), "characters long"),
+        (("What?", "seven", 64), "is not a number"),
+        (("What?", None, 100000), "out of range"),
+        ((["a list"], None, 64), "must be text"),
+    ):
+        with pytest.raises(FormError) as e:
+            studio.check_try_input(*args)
+        assert any(text in m for _, m in e.value.errors), (args, e.value.errors)
+    assert studio.check_try_input("What is 2+2?", "4", 64) == 64
