@@ -257,16 +257,21 @@ def compare_models(
     should_stop: Callable[[], bool] | None = None,
     use_cache: bool = True,
     restrict_paths: bool = False,
+    exclude_questions: set[str] | None = None,
 ) -> dict:
-    """Evaluate two models on the same problems; cached per (models, settings)."""
+    """Evaluate two models on the same problems; cached per (models, settings, excluded questions).
+
+    exclude_questions: problems never to score (e.g. a run's training questions, for held-out sets)."""
     settings.validate()
     key = cache_key([base, trained], settings)
+    if exclude_questions:
+        key += "-x" + hashlib.sha256("\n".join(sorted(exclude_questions)).encode()).hexdigest()[:8]
     path = eval_cache_dir() / f"compare-{key}.json"
     if use_cache and path.is_file():
         res = json.loads(path.read_text())
         res["cached"] = True
         return res
-    problems, origin = eval_problems(settings, data_cfg)
+    problems, origin = eval_problems(settings, data_cfg, exclude_questions)
     result = {
         "base_model": base,
         "trained_model": trained,

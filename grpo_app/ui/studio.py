@@ -405,18 +405,10 @@ class Studio:
         data_cfg = cfg.data if cfg is not None else DataConfig()
         system_prompt = data_cfg.system_prompt
         if stage_k is not None:
+            from ..evaluation import stage_eval_settings
+
             st = cfg.stages[stage_k]
-            extra = {k: getattr(st, k) for k in ("max_digits", "operators", "negation") if hasattr(st, k)}
-            settings = EvalSettings(
-                n=n,
-                seed=seed,
-                system_prompt=system_prompt,
-                max_new_tokens=tokens,
-                source=st.source,
-                min_difficulty=st.min_difficulty,
-                max_difficulty=st.max_difficulty,
-                extra=extra,
-            )
+            settings = stage_eval_settings(cfg, stage_k, n, seed, max_new_tokens=tokens)
             name = f"stage{stage_k + 1}-{st.name}-n{n}-seed{seed}"
             what = f"held-out problems like stage {stage_k + 1} ({st.name})"
         else:
@@ -460,6 +452,12 @@ class Studio:
             def prog(role, done, total):
                 report(phase=f"evaluating the {role} model", **{f"{role}_done": done, f"{role}_total": total})
 
+            exclude = None
+            if spec["stage"] is not None:  # held-out: never a question the run trained on
+                from ..evaluation import training_questions
+
+                report(phase="collecting the run's training questions")
+                exclude = training_questions(spec["run"].config())
             result = compare_models(
                 spec["base"],
                 spec["trained"],
@@ -468,10 +466,12 @@ class Studio:
                 prog,
                 should_stop,
                 restrict_paths=False,
+                exclude_questions=exclude,
             )
+            if exclude is not None:  # checked, not assumed
+                qs = [r["question"] for r in result["base"]["records"]]
+                result["overlap_with_training"] = {"n": len(qs), "in_training": sum(q in exclude for q in qs)}
             if spec["run"] is not None:
-                if spec["stage"] is not None:
-                    result["overlap_with_training"] = _training_overlap(spec["run"], result)
                 save_compare(result, spec["run"].eval_dir / f"{spec['name']}.json")
             result["what"] = spec["what"]
             return result
@@ -629,21 +629,6 @@ class Studio:
 
 def difficulty_json(result: dict) -> str:
     return difficulty_figure(result).to_json()
-
-
-def _training_overlap(run: RunDir, result: dict) -> dict:
-    """How many evaluated problems also occur in the run's training pools (should be 0: checked, not assumed)."""
-    from ..data import stage_pool
-
-    try:
-        cfg = run.config()
-        seen: set[str] = set()
-        for k, stage in enumerate(cfg.stages):
-            seen.update(p.question for p in stage_pool(stage, cfg.data, seed=cfg.data.seed + k).problems)
-    except Exception as e:  # noqa: BLE001
-        return {"error": str(e)}
-    qs = [r["question"] for r in result["base"]["records"]]
-    return {"n": len(qs), "in_training": sum(q in seen for q in qs)}
 
 
 def _md(text: str) -> str:
