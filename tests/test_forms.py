@@ -175,7 +175,7 @@ def test_route_errors_to_controls():
         "model": ["m"],
         "lora": ["l"],
         "stages": ["s"],
-        "num_generations": ["p"],
+        "prompts_per_step": ["p"],
         "upload": ["u", "u2"],
         "general": ["grpo.beta: b"],
         "run_name": ["n"],

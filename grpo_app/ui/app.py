@@ -77,7 +77,7 @@ CSS = """
 .answer { border: 1px solid #ddd; border-radius: 10px; padding: 10px 14px; min-height: 8em; background: #fff; }
 .answer-title { font-weight: 700; font-size: 1.1em; }
 .answer-model { color: #666; font-size: 0.85em; word-break: break-all; }
-.answer-text { white-space: pre-wrap; font-family: ui-monospace, monospace; margin: 8px 0; }
+.answer-text { white-space: pre-wrap; font-family: ui-monospace, monospace; margin: 8px 0; max-height: 22em; overflow-y: auto; }
 .answer-meta { color: #666; font-size: 0.9em; }
 .answer-pred { margin-top: 6px; font-size: 1.05em; }
 .answer .ok { color: #00794f; font-weight: 700; }

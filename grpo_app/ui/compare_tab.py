@@ -49,8 +49,11 @@ def problem_sets(studio: Studio, run_id) -> list[tuple[str, str]]:
 
 def result_note(result: dict) -> str:
     parts = []
-    if result.get("what"):
-        parts.append(f"Problem set: {result['what']}.")
+    what, origin = result.get("what") or "", result.get("origin") or ""
+    if what.startswith("GSM8K") and "GSM8K" not in origin:
+        parts.append(f"GSM8K is not available on this server, so the problems are {origin} instead.")
+    elif what:
+        parts.append(f"Problem set: {what}.")
     ov = result.get("overlap_with_training")
     if isinstance(ov, dict) and "in_training" in ov:
         if ov["in_training"]:
@@ -80,13 +83,13 @@ def create_compare_tab(studio: Studio) -> CompareTab:
         trained = gr.Textbox(
             "", label="Trained model (run id, hub id or folder)", visible=False, max_lines=1, elem_id="compare-trained"
         )
+    eval_set = gr.Dropdown(
+        problem_sets(studio, None), value="gsm8k", label="Problems", allow_custom_value=True, elem_id="compare-set"
+    )
     with gr.Row(equal_height=False):
-        eval_set = gr.Dropdown(
-            problem_sets(studio, None), value="gsm8k", label="Problems", allow_custom_value=True, elem_id="compare-set"
-        )
         n = gr.Number(50, label=f"N problems (1–{studio.limits.max_eval_n})", precision=None, elem_id="compare-n")
-        dmin = gr.Number(0, label="Min difficulty", precision=None, elem_id="compare-dmin")
-        dmax = gr.Number(10, label="Max difficulty", precision=None, elem_id="compare-dmax")
+        dmin = gr.Number(0, label="Min difficulty (GSM8K)", precision=None, elem_id="compare-dmin")
+        dmax = gr.Number(10, label="Max difficulty (GSM8K)", precision=None, elem_id="compare-dmax")
         seed = gr.Number(0, label="Seed (which problems)", precision=None, elem_id="compare-seed")
         tokens = gr.Number(256, label="Max answer tokens", precision=None, elem_id="compare-tokens")
     with gr.Row():

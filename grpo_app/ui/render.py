@@ -431,7 +431,7 @@ def system_md(info: dict, loaded: list[dict] | None = None, run_model: dict | No
     c, m, v = info["cpu"], info["memory"], info["versions"]
     em = info.get("embedded_model", {})
     lines = [
-        "| | |",
+        "| What | This server |",
         "|---|---|",
         f"| CPU | {c['name']} |",
         f"| Cores | {c['physical_cores']} physical, {c['logical_cores']} logical"

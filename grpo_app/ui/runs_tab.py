@@ -37,29 +37,30 @@ def create_runs_tab(studio: Studio) -> RunsTab:
     with gr.Row(equal_height=False):
         pick = gr.Dropdown([], value=None, label="Open a run", allow_custom_value=True, elem_id="runs-pick", scale=3)
         open_btn = gr.Button("Open", variant="primary", elem_id="runs-open", scale=1)
-    details = gr.Markdown(elem_id="run-details")
-    with gr.Row(equal_height=True):
-        reward_plot = gr.Plot(show_label=False, elem_id="run-chart-reward")
-        loss_plot = gr.Plot(show_label=False, elem_id="run-chart-loss")
-    with gr.Row(equal_height=True):
-        length_plot = gr.Plot(show_label=False, elem_id="run-chart-length")
-        throughput_plot = gr.Plot(show_label=False, elem_id="run-chart-throughput")
-    with gr.Row(equal_height=True):
-        memory_plot = gr.Plot(show_label=False, elem_id="run-chart-memory")
-        evals = gr.Dataframe(
-            headers=render.EVAL_HEADERS,
-            interactive=False,
-            wrap=True,
-            label="Comparisons of this run",
-            elem_id="run-evals",
-        )
-    with gr.Row(equal_height=False):
-        download_btn = gr.Button("Prepare the trained model as a .zip", elem_id="runs-download")
-        resume_btn = gr.Button("Resume this run", elem_id="runs-resume")
-    zip_file = gr.File(label="Trained model", interactive=False, elem_id="runs-zip")
-    with gr.Accordion("Delete this run", open=False, elem_id="runs-delete-box"):
-        confirm = gr.Textbox(label="Type the run id to confirm", max_lines=1, elem_id="runs-confirm")
-        delete_btn = gr.Button("Delete run", variant="stop", elem_id="runs-delete")
+    with gr.Column(visible=False, elem_id="run-detail-box") as detail_box:
+        details = gr.Markdown(elem_id="run-details")
+        with gr.Row(equal_height=True):
+            reward_plot = gr.Plot(show_label=False, elem_id="run-chart-reward")
+            loss_plot = gr.Plot(show_label=False, elem_id="run-chart-loss")
+        with gr.Row(equal_height=True):
+            length_plot = gr.Plot(show_label=False, elem_id="run-chart-length")
+            throughput_plot = gr.Plot(show_label=False, elem_id="run-chart-throughput")
+        with gr.Row(equal_height=True):
+            memory_plot = gr.Plot(show_label=False, elem_id="run-chart-memory")
+            evals = gr.Dataframe(
+                headers=render.EVAL_HEADERS,
+                interactive=False,
+                wrap=True,
+                label="Comparisons of this run",
+                elem_id="run-evals",
+            )
+        with gr.Row(equal_height=False):
+            download_btn = gr.Button("Prepare the trained model as a .zip", elem_id="runs-download")
+            resume_btn = gr.Button("Resume this run", elem_id="runs-resume")
+        zip_file = gr.File(label="Trained model", interactive=False, visible=False, elem_id="runs-zip")
+        with gr.Accordion("Delete this run", open=False, elem_id="runs-delete-box"):
+            confirm = gr.Textbox(label="Type the run id to confirm", max_lines=1, elem_id="runs-confirm")
+            delete_btn = gr.Button("Delete run", variant="stop", elem_id="runs-delete")
     message = gr.Markdown(elem_id="runs-message")
     plots = {
         "reward": reward_plot,
@@ -73,29 +74,44 @@ def create_runs_tab(studio: Studio) -> RunsTab:
     @guard("list the runs")
     def refresh(current):
         ids = studio.run_ids()
-        return render.run_rows(studio.run_summaries()), gr.update(
-            choices=ids, value=current if current in ids else None
-        )
+        keep = current if current in ids else (ids[0] if ids else None)  # newest run opens by itself
+        return render.run_rows(studio.run_summaries()), gr.update(choices=ids, value=keep)
 
     refresh_btn.click(refresh, [pick], [table, pick], api_name="runs", concurrency_limit=None, show_progress="hidden")
 
     @guard("open the run")
     def on_open(run_id):
+        hidden = [*[gr.skip()] * len(plot_outputs), gr.skip(), gr.update(visible=False)]
+        if not run_id:
+            return ["", *hidden]
         try:
             run = studio.get_run(run_id)
         except FormError as e:
-            return [f"⚠ {e.errors[0][1]}", *[gr.skip()] * len(plot_outputs), gr.skip()]
+            return [f"⚠ {e.errors[0][1]}", *hidden]
         view = studio.run_view(run)
         js = studio.chart_json(view)
         summary = run.summary()
         md = render.run_details_md(summary, view.get("events") or [])
         if resumable(run):
             md += "\n\nThis run can be resumed from its last checkpoint."
-        return [md, *[plot(js[k]) for k in TRAIN_CHARTS], render.eval_rows(studio.run_evals(run))]
+        evals_rows = render.eval_rows(studio.run_evals(run))
+        return [md, *[plot(js[k]) for k in TRAIN_CHARTS], evals_rows, gr.update(visible=True)]
 
-    open_outputs = [details, *plot_outputs, evals]
+    open_outputs = [details, *plot_outputs, evals, detail_box]
     open_btn.click(on_open, [pick], open_outputs, api_name="open_run", concurrency_limit=None)
-    pick.input(on_open, [pick], open_outputs, api_visibility="undocumented", concurrency_limit=None)
+    pick.change(on_open, [pick], open_outputs, api_visibility="undocumented", concurrency_limit=None)
+
+    def on_row(evt: gr.SelectData):
+        row = getattr(evt, "row_value", None)
+        if row:
+            return row[0]
+        ids = studio.run_ids()
+        try:
+            return ids[evt.index[0]]
+        except (TypeError, IndexError):
+            return gr.skip()
+
+    table.select(on_row, None, [pick], api_visibility="undocumented", concurrency_limit=None)
 
     @guard("prepare the download")
     def on_download(run_id):
@@ -106,9 +122,12 @@ def create_runs_tab(studio: Studio) -> RunsTab:
             return None, f"⚠ {e.errors[0][1]}"
         except FileNotFoundError as e:
             return None, f"⚠ {e}"
-        return str(path), f"The trained model of **{run.id}** is ready below ({path.stat().st_size / 2**20:,.0f} MB)."
+        size = path.stat().st_size / 2**20
+        return str(path), f"The trained model of **{run.id}** is ready ({size:,.0f} MB)."
 
-    download_btn.click(on_download, [pick], [zip_file, message], api_name="download", concurrency_limit=1)
+    download_btn.click(on_download, [pick], [zip_file, message], api_name="download", concurrency_limit=1).then(
+        lambda f: gr.update(visible=bool(f)), [zip_file], [zip_file], api_visibility="undocumented"
+    )
 
     @guard("resume the run")
     def on_resume(run_id):

@@ -10,6 +10,7 @@ reloaded) during a run gets the whole history on its first tick.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import gradio as gr
@@ -28,6 +29,8 @@ GSM8K_CHOICES = [
     ("offline — never GSM8K; generated look-alike word problems", "offline"),
 ]
 assert [v for _, v in GSM8K_CHOICES] == list(GSM8K_MODES)
+
+MEMORY_EVERY_S = 5.0
 
 STAGES_HELP = (
     "One row per curriculum stage, trained in order. **source**: `arithmetic` (generated sums; difficulty = "
@@ -130,6 +133,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
                 prompts = gr.Number(
                     v("prompts_per_step", 4), label="Prompts per step", precision=None, elem_id="prompts-per-step"
                 )
+                err_prompts = gr.Markdown(visible=False, elem_classes="field-error")
             with gr.Column(min_width=150):
                 length = gr.Number(
                     v("max_completion_length", 96),
@@ -197,6 +201,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
         "upload": err_upload,
         "stages": err_stages,
         "num_generations": err_g,
+        "prompts_per_step": err_prompts,
         "max_completion_length": err_len,
         "learning_rate": err_lr,
         "ewc": err_ewc,
@@ -225,13 +230,19 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
         st["status"] = status_value
         charts = [gr.skip()] * len(TRAIN_CHARTS)
         steps_changed = st.get("v") != view["version"]
-        mem_changed = st.get("mv") != view.get("mem_version") or steps_changed
+        # memory samples arrive every 0.5 s: redraw that chart with each step, else at most every MEMORY_EVERY_S
+        now = time.monotonic()
+        mem_changed = steps_changed or (
+            st.get("mv") != view.get("mem_version") and now - st.get("mt", 0.0) >= MEMORY_EVERY_S
+        )
         if steps_changed or mem_changed:
             js = studio.chart_json(view)
             for i, name in enumerate(TRAIN_CHARTS):
                 if (name == "memory" and mem_changed) or (name != "memory" and steps_changed):
                     charts[i] = plot(js[name])
-            st["v"], st["mv"] = view["version"], view.get("mem_version")
+            st["v"] = view["version"]
+            if mem_changed:
+                st["mv"], st["mt"] = view.get("mem_version"), now
         step = view.get("latest_step")
         step_id = (view["run_id"], (step or {}).get("step"), (step or {}).get("stage"))
         g = _group_index(prompt)
