@@ -1,6 +1,5 @@
 """compare_models can leave out given questions (a run's training questions, for held-out sets)."""
 
-from grpo_app.config import StageConfig
 from grpo_app.evaluation import EvalSettings, compare_models, eval_problems
 
 
