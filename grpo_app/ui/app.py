@@ -222,7 +222,12 @@ def main() -> None:
     signal.signal(signal.SIGTERM, on_signal)
     kwargs = launch_kwargs(studio.limits)
     demo.queue(**queue_kwargs())
-    demo.launch(prevent_thread_lock=True, **kwargs)
+    try:
+        demo.launch(prevent_thread_lock=True, **kwargs)
+    except OSError as e:  # e.g. the port is taken: say so without a traceback
+        print(f"CPU GRPO Studio could not start: {e}", file=sys.stderr, flush=True)
+        studio.shutdown(timeout=1)
+        sys.exit(1)
     host, port = kwargs["server_name"], kwargs["server_port"]
     print(f"CPU GRPO Studio is serving on http://{host}:{port} (Ctrl-C stops it).", flush=True)
     try:
