@@ -260,3 +260,26 @@ def test_system_md_table():
         "3.0 M parameters, 0.1 M trained",
     ):
         assert part in md, part
+
+
+def test_run_details_md_tells_the_story_of_a_run():
+    summary = {
+        "run_id": "r9",
+        "status": "failed",
+        "steps": "3/7",
+        "model": "embedded",
+        "duration_s": 65,
+        "error": "<oops>",
+    }
+    events = [
+        {"event": "stage_start", "stage": 0, "name": "add", "problems": 64, "origin": "o", "steps": 4, "ewc": False},
+        {"event": "fisher_done", "stage": 0, "samples": 16, "seconds": 3.2},
+        {"event": "unknown"},
+    ]
+    md = render.run_details_md(summary, events)
+    assert md.startswith("### r9") and "**duration** 1:05" in md and "&lt;oops&gt;" in md
+    assert (
+        "- stage 1 *add* started: 64 problems" in md
+        and "- Fisher information of stage 1 estimated from 16 samples" in md
+    )
+    assert md.count("\n- ") == 2

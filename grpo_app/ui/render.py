@@ -401,26 +401,19 @@ def eval_rows(results: list[tuple[str, dict]]) -> list[list]:
 
 
 def run_details_md(summary: dict, events: list[dict]) -> str:
+    """A run's headline and its events in plain words, oldest first."""
     lines = [
         f"### {summary['run_id']}",
         f"**Status:** {summary['status']} · **steps** {summary['steps']} · **model** `{summary['model']}`",
     ]
+    if summary.get("duration_s"):
+        lines[-1] += f" · **duration** {fmt_duration(summary['duration_s'])}"
     if summary.get("error"):
-        lines.append(f"**Error:** {summary['error']}")
+        lines.append(f"**Error:** {_md_safe(str(summary['error']))}")
     for ev in events:
-        kind = ev.get("event")
-        if kind == "stage_start":
-            lines.append(
-                f"- stage {int(ev.get('stage', 0)) + 1} *{ev.get('name')}*: {ev.get('problems')} problems from {ev.get('origin')}, {ev.get('steps')} steps"
-                + (", EWC on" if ev.get("ewc") else "")
-            )
-        elif kind == "fisher_done":
-            lines.append(
-                f"- Fisher after stage {int(ev.get('stage', 0)) + 1}: {ev.get('samples')} samples in {ev.get('seconds', 0):.1f} s"
-            )
-        elif kind in ("stopped", "resumed", "final_saved", "finished", "error", "eval_done"):
-            detail = {k: v for k, v in ev.items() if k not in ("time", "event", "traceback", "path")}
-            lines.append(f"- {kind}" + (": " + ", ".join(f"{k}={v}" for k, v in detail.items()) if detail else ""))
+        text = event_line(ev)
+        if text:
+            lines.append(f"- {_md_safe(text)}")
     return "\n".join(lines)
 
 

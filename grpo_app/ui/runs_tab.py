@@ -38,22 +38,22 @@ def create_runs_tab(studio: Studio) -> RunsTab:
         pick = gr.Dropdown([], value=None, label="Open a run", allow_custom_value=True, elem_id="runs-pick", scale=3)
         open_btn = gr.Button("Open", variant="primary", elem_id="runs-open", scale=1)
     with gr.Column(visible=False, elem_id="run-detail-box") as detail_box:
-        details = gr.Markdown(elem_id="run-details")
+        with gr.Row(equal_height=False):
+            details = gr.Markdown(elem_id="run-details")
+            memory_plot = gr.Plot(show_label=False, elem_id="run-chart-memory")
         with gr.Row(equal_height=True):
             reward_plot = gr.Plot(show_label=False, elem_id="run-chart-reward")
             loss_plot = gr.Plot(show_label=False, elem_id="run-chart-loss")
         with gr.Row(equal_height=True):
             length_plot = gr.Plot(show_label=False, elem_id="run-chart-length")
             throughput_plot = gr.Plot(show_label=False, elem_id="run-chart-throughput")
-        with gr.Row(equal_height=True):
-            memory_plot = gr.Plot(show_label=False, elem_id="run-chart-memory")
-            evals = gr.Dataframe(
-                headers=render.EVAL_HEADERS,
-                interactive=False,
-                wrap=True,
-                label="Comparisons of this run",
-                elem_id="run-evals",
-            )
+        evals = gr.Dataframe(
+            headers=render.EVAL_HEADERS,
+            interactive=False,
+            wrap=True,
+            label="Comparisons of this run (Compare tab)",
+            elem_id="run-evals",
+        )
         with gr.Row(equal_height=False):
             download_btn = gr.Button("Prepare the trained model as a .zip", elem_id="runs-download")
             resume_btn = gr.Button("Resume this run", elem_id="runs-resume")
