@@ -27,9 +27,9 @@ from ..charts import (
     reward_figure,
     throughput_figure,
 )
-from ..config import CONFIG_DIR, ConfigError, DataConfig, load_yaml_text
+from ..config import CONFIG_DIR, ConfigError, DataConfig
 from ..data import DataError, load_gsm8k, make_arithmetic, parse_custom_dataset
-from ..jobs import FINISHED, JobQueue, QueueFullError
+from ..jobs import JobQueue
 from ..models import allowed_model_roots
 from ..monitor import current_view, disk_view, live_view, progress, resumable, resume_target
 from ..playground import ModelCache, check_gold, check_question
@@ -623,9 +623,6 @@ class Studio:
         self.evals.shutdown(wait=5.0)
         return msg
 
-    def job_done(self, job) -> bool:
-        return job.status in FINISHED
-
 
 def difficulty_json(result: dict) -> str:
     return difficulty_figure(result).to_json()
@@ -633,6 +630,3 @@ def difficulty_json(result: dict) -> str:
 
 def _md(text: str) -> str:
     return "".join("\\" + c if c in "\\`*_{}[]<>()#+-.!|" else c for c in str(text))
-
-
-__all__ = ["Studio", "Result", "Limits", "FormError", "TrainForm", "QueueFullError", "load_yaml_text"]
