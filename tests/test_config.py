@@ -1,6 +1,6 @@
 import pytest
 
-from grpo_app.config import ConfigError, Config, config_from_dict, list_presets, load_config, parse_override
+from grpo_app.config import Config, ConfigError, config_from_dict, list_presets, load_config, parse_override
 
 
 def errors_of(overrides, base="quick"):
