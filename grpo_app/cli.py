@@ -328,7 +328,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _several_processes() -> int:
+    """World size when started by `accelerate launch` / `torchrun` (1 otherwise)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    world = _several_processes()
+    if world > 1 and args.func in (cmd_train, cmd_resume):
+        # Each process would write its own run folder and estimate its own Fisher: refuse rather than
+        # produce a run that looks fine and is not. One GPU (or one CPU) per run is what is supported.
+        print(
+            f"Training in {world} processes (accelerate launch / torchrun) is not supported: the run folder, the "
+            "Fisher pass and the metrics are single-process. Start it with plain `python -m grpo_app train ...`; "
+            "it uses one GPU when one is visible (CUDA_VISIBLE_DEVICES picks which).",
+            file=sys.stderr,
+        )
+        return 2
     _quiet_libraries()
     return args.func(args)

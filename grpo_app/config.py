@@ -76,6 +76,11 @@ class ModelConfig:
     lora_target_modules: list = _f(
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], "Module names LoRA adapts."
     )
+    lora_merge_for_generation: bool = _f(
+        True,
+        "With LoRA, merge the adapters into the weights while sampling completions and unmerge them before the "
+        "training pass (one matmul per layer instead of three; measured by bench/lora_generation.py).",
+    )
     train_embeddings: bool = _f(
         False,
         "Also train the (tied) token embedding / LM head. Off by default: it is 20% of SmolLM2's weights, and "

@@ -373,6 +373,7 @@ class _Job:
                 top_k=cfg.grpo.top_k,
                 recent_samples=max(cfg.ewc.fisher_samples * 4, 64),
                 optimizer=cfg.grpo.optimizer,
+                merge_lora=cfg.model.lora_merge_for_generation,
             ),
             on_group=on_group,
             checkpoint_hook=checkpoint_hook,

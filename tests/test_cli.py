@@ -42,3 +42,14 @@ def test_cli_train_eval_and_runs_on_tiny_model(tmp_path):
     assert "accuracy" in e.stdout and "95% Wilson interval" in e.stdout
     ls = cli("runs", env=env)
     assert run_id in ls.stdout and "completed" in ls.stdout
+
+
+def test_train_under_several_processes_is_refused_before_anything_runs(tmp_path):
+    import os
+
+    env = dict(os.environ, WORLD_SIZE="2", RANK="0", GRPO_APP_RUNS_DIR=str(tmp_path))
+    r = cli("train", "--config", "tests/configs/tiny.yaml", "-s", f"run.output_dir={tmp_path}", env=env)
+    assert r.returncode == 2 and "not supported" in r.stderr and "Traceback" not in r.stderr
+    assert not any(tmp_path.iterdir())  # no run folder was made
+    ok = cli("validate", "--config", "quick", env=env)  # commands that do not train still work
+    assert ok.returncode == 0

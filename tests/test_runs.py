@@ -130,3 +130,37 @@ def test_incomplete_checkpoint_is_never_chosen(tmp_path):
         (d / "engine_state.json").write_text(json.dumps(state))
     (good / "COMPLETE").write_text("x")
     assert run.latest_checkpoint()["stage_step"] == 2
+
+
+def test_stop_during_generation_finishes_that_step_and_saves(runs_dir, varied_reward, monkeypatch):
+    """Stop pressed while step 2 is sampling: step 2 completes, a checkpoint of step 2 is saved, nothing more runs."""
+    import threading
+
+    import grpo_app.trainer as trainer_mod
+
+    real = trainer_mod.generate_completions
+    calls, generating, stop_pressed = [], threading.Event(), threading.Event()
+
+    def held_generation(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # the second step's sampling: hold it until Stop has been pressed
+            generating.set()
+            assert stop_pressed.wait(120)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_mod, "generate_completions", held_generation)
+    cfg = tiny_cfg(runs_dir, "stages[0].steps=4", "stages[1].steps=4", "run.save_every=0")
+    mgr = RunManager(runs_dir)
+    run = mgr.start(cfg)
+    assert generating.wait(300), "training never reached its second generation"
+    assert mgr.stop()
+    assert mgr.snapshot()["status"]["status"] == "stopping"  # shown at once; applied at the step boundary
+    stop_pressed.set()
+    assert mgr.wait(300)
+
+    assert run.read_status()["status"] == "stopped"
+    assert [m["step"] for m in run.metrics()] == [1, 2]  # the step in progress finished; no third step
+    assert len(calls) == 2
+    ck = run.latest_checkpoint()
+    assert ck is not None and ck["global_step"] == 2  # saved on stop although save_every=0
+    assert [e["event"] for e in run.events()].count("stopped") == 1
