@@ -1,0 +1,285 @@
+"""Plain TRL GRPO vs this project's engine, side by side on the same CPU (prints JSON).
+
+    GRPO_APP_GSM8K_DIR=../shared/data/gsm8k python bench/step_speed.py [--steps 3] [--out FILE]
+
+Each setup runs in its own subprocess (so peak RSS, read with getrusage, is its own):
+
+* gemm     - the machine's fp32 matmul limit on the threads training uses (GFLOP/s).
+* gen      - the project's sampler alone at batch 16 and 64 (tokens/s), and the fraction of the matmul
+             limit that reaches: tokens/s x FLOPs/token / limit, FLOPs/token = 2 x parameters
+             (every weight, the tied LM head included, is one multiply-add per token; attention over
+             the short context is not counted, which makes the figure conservative).
+* trl      - plain TRL GRPOTrainer, bf16=False, everything else at TRL's defaults: G=4, one prompt
+             per step, 128-token completions, beta 0.
+* engine   - the project's engine on the same model, G, completion budget and GSM8K prompts, with
+             its preset settings (16 prompts per step, fast sampler, prefix sharing, zero-advantage
+             skipping, answer-line stop), two stages so the Fisher pass and the EWC term are in it.
+
+The first step of each training setup is a warm-up and is not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("GRPO_APP_GSM8K_DIR", str(ROOT.parent / "shared" / "data" / "gsm8k"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+G, COMPLETION = 4, 128
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def bench_gemm() -> dict:
+    import torch
+
+    from grpo_app.models import set_threads
+
+    threads = set_threads(0)
+    best = {}
+    for m in (64, 512):
+        a, b = torch.randn(m, 2048), torch.randn(2048, 2048)
+        for _ in range(3):
+            a @ b
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < 2.0:
+            a @ b
+            n += 1
+        best[m] = 2 * m * 2048 * 2048 * n / (time.perf_counter() - t0) / 1e9
+    return {"threads": threads, "gflops_m64": round(best[64], 1), "gflops_peak": round(max(best.values()), 1)}
+
+
+def _prompts(n: int, tok, seed: int = 0):
+    from grpo_app.config import DataConfig
+    from grpo_app.data import load_gsm8k
+    from grpo_app.evaluation import prompt_ids
+
+    probs, source = load_gsm8k("train", DataConfig())
+    probs = probs[:n]
+    ids = [prompt_ids(tok, p.question, DataConfig().system_prompt) for p in probs]
+    return probs, ids, source
+
+
+def bench_gen(gflops: float) -> dict:
+    import torch
+
+    from grpo_app.generation import SamplingParams, generate_completions, use_fast_attention
+    from grpo_app.models import load_model
+
+    model, tok, _ = load_model("embedded")
+    use_fast_attention(model)
+    params = sum(p.numel() for p in model.parameters())
+    flops_per_token = 2 * params
+    out = {"parameters": params}
+    _, ids, _ = _prompts(16, tok)
+    for batch in (16, 64):
+        prompts = [ids[i % len(ids)] for i in range(batch // G) for _ in range(G)]
+        sp = SamplingParams(max_new_tokens=COMPLETION, temperature=1.0, stop_at_answer=False, seed=0)
+        generate_completions(model, tok, prompts[:G], SamplingParams(max_new_tokens=8, seed=0), eos_token_ids=[-1])
+        with torch.inference_mode():
+            o = generate_completions(model, tok, prompts, sp, eos_token_ids=[-1])  # fixed length: no EOS
+        tps = o.generated_tokens / o.seconds
+        out[f"batch{batch}"] = {
+            "tokens_per_s": round(tps, 1),
+            "seconds": round(o.seconds, 2),
+            "fraction_of_matmul_limit": round(tps * flops_per_token / (gflops * 1e9), 3),
+        }
+    out["peak_rss_mb"] = round(_peak_rss_mb())
+    return out
+
+
+def bench_trl(steps: int) -> dict:
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from grpo_app.config import DataConfig
+    from grpo_app.data import to_rows
+    from grpo_app.models import load_model
+    from grpo_app.rewards import correctness
+
+    model, tok, _ = load_model("embedded")
+    model.train()
+    probs, _, source = _prompts(64, tok)
+    ds = Dataset.from_list(to_rows(probs, DataConfig().system_prompt))
+    times: list[float] = []
+    lengths: list[float] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            times.append(time.perf_counter() - self.t0)
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "completions/mean_length" in logs:
+                lengths.append(logs["completions/mean_length"])
+
+    with tempfile.TemporaryDirectory() as tmp:
+        args = GRPOConfig(
+            output_dir=tmp,
+            per_device_train_batch_size=G,
+            num_generations=G,
+            max_completion_length=COMPLETION,
+            bf16=False,
+            beta=0.0,
+            max_steps=steps + 1,
+            logging_steps=1,
+            report_to=[],
+            save_strategy="no",
+            use_cpu=True,
+            seed=0,
+            disable_tqdm=True,
+        )
+        trainer = GRPOTrainer(model=model, processing_class=tok, reward_funcs=[correctness], args=args, train_dataset=ds)
+        trainer.add_callback(Timer())
+        trainer.train()
+    steady, lens = times[1:], lengths[1:]
+    s_step = sum(steady) / len(steady)
+    mean_len = sum(lens) / len(lens)
+    return {
+        "setup": "plain TRL GRPOTrainer, bf16=False, other settings TRL defaults",
+        "gradient_checkpointing": args.gradient_checkpointing,
+        "data": source,
+        "G": G,
+        "prompts_per_step": 1,
+        "max_completion_length": COMPLETION,
+        "steps_timed": len(steady),
+        "s_per_step": round(s_step, 2),
+        "completions_per_s": round(G / s_step, 3),
+        "tokens_per_s": round(G * mean_len / s_step, 1),
+        "mean_completion_length": round(mean_len, 1),
+        "step_seconds": [round(t, 2) for t in times],
+        "peak_rss_mb": round(_peak_rss_mb()),
+    }
+
+
+def bench_engine(steps: int, prompts_per_step: int, extra: list[str]) -> dict:
+    from grpo_app.config import load_config
+    from grpo_app.engine import train
+    from grpo_app.runs import RunDir, read_jsonl
+
+    overrides = [
+        "model.name=embedded",
+        f"grpo.num_generations={G}",
+        f"grpo.prompts_per_step={prompts_per_step}",
+        f"grpo.max_completion_length={COMPLETION}",
+        "grpo.micro_batch_size=8",
+        "run.save_every=0",
+        "run.eval_n=0",
+        "ewc.fisher_samples=16",
+        *extra,
+    ]
+    cfg = load_config("quick", overrides)
+    for st in cfg.stages:
+        st.source, st.min_difficulty, st.max_difficulty, st.steps = "gsm8k", 1, 8, steps + 1
+    cfg.validate()
+    with tempfile.TemporaryDirectory() as tmp:
+        run = RunDir.create(Path(tmp), cfg)
+        t0 = time.perf_counter()
+        train(cfg, run)
+        total = time.perf_counter() - t0
+        metrics = read_jsonl(run.metrics_path)
+        events = read_jsonl(run.events_path)
+    steady = [m for m in metrics if m["stage_step"] > 1]  # the first step of each stage warms up
+    n_comp = prompts_per_step * G
+    s_step = sum(m["step_seconds"] for m in steady) / len(steady)
+    tok_s = sum(m["tokens_per_s"] * m["step_seconds"] for m in steady) / sum(m["step_seconds"] for m in steady)
+    fisher_s = sum(e.get("seconds", 0) for e in events if e["event"] == "fisher_done")
+    ewc_s = sum((m.get("ewc_seconds") or 0) for m in metrics)
+    train_s = sum(m["step_seconds"] for m in metrics)
+    return {
+        "setup": "project engine (" + ", ".join(overrides[1:]) + ")",
+        "G": G,
+        "prompts_per_step": prompts_per_step,
+        "max_completion_length": COMPLETION,
+        "steps_timed": len(steady),
+        "s_per_step": round(s_step, 2),
+        "completions_per_s": round(n_comp / s_step, 3),
+        "tokens_per_s": round(tok_s, 1),
+        "mean_completion_length": round(sum(m["completion_length"] for m in steady) / len(steady), 1),
+        "generation_share": round(sum(m["gen_seconds"] for m in steady) / sum(m["step_seconds"] for m in steady), 3),
+        "stopped_at_answer": round(sum((m.get("stopped_at_answer") or 0) for m in steady) / len(steady), 3),
+        "fisher_seconds": round(fisher_s, 2),
+        "ewc_term_seconds": round(ewc_s, 3),
+        "train_seconds": round(train_s, 1),
+        "total_seconds": round(total, 1),
+        "ewc_plus_fisher_share": round((fisher_s + ewc_s) / (train_s + fisher_s), 4),
+        "peak_rss_mb": round(_peak_rss_mb()),
+    }
+
+
+def _child(mode: str, argv: list[str]) -> dict:
+    cmd = [sys.executable, __file__, "--child", mode, *argv]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"{mode} failed:\n{p.stderr[-4000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per setup (after one warm-up step)")
+    ap.add_argument("--prompts-per-step", type=int, default=16)
+    ap.add_argument("--only", default="gemm,gen,trl,engine,engine_full")
+    ap.add_argument("--out", help="also write the JSON here")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--gflops", type=float, default=0.0, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+
+    if a.child:
+        if a.child == "gemm":
+            r = bench_gemm()
+        elif a.child == "gen":
+            r = bench_gen(a.gflops)
+        elif a.child == "trl":
+            r = bench_trl(a.steps)
+        elif a.child == "engine":
+            r = bench_engine(a.steps, a.prompts_per_step, [])
+        elif a.child == "engine_full":  # every weight trained, the tied embedding too
+            r = bench_engine(a.steps, a.prompts_per_step, ["model.train_embeddings=true"])
+        print(json.dumps(r))
+        return
+
+    import platform
+
+    import torch
+
+    only = a.only.split(",")
+    res: dict = {
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__},
+        "model": "SmolLM2-135M-Instruct (embedded), fp32",
+    }
+    gemm = _child("gemm", [])
+    res["gemm"] = gemm
+    common = ["--steps", str(a.steps), "--prompts-per-step", str(a.prompts_per_step)]
+    if "gen" in only:
+        res["generation"] = _child("gen", ["--gflops", str(gemm["gflops_peak"])])
+    for mode in ("trl", "engine", "engine_full"):
+        if mode in only:
+            res[mode] = _child(mode, common)
+            print(f"# {mode}: {json.dumps(res[mode])}", file=sys.stderr, flush=True)
+    if "trl" in res and "engine" in res:
+        res["speedup_completions_per_s"] = round(res["engine"]["completions_per_s"] / res["trl"]["completions_per_s"], 2)
+        res["speedup_tokens_per_s"] = round(res["engine"]["tokens_per_s"] / res["trl"]["tokens_per_s"], 2)
+    text = json.dumps(res, indent=2)
+    print(text)
+    if a.out:
+        Path(a.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
