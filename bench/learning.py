@@ -10,6 +10,9 @@ held-out problems of each stage's task and on GSM8K test, paired (prints JSON, w
 * Held-out: generated tasks use a seed far from every training seed, and any question that is in a
   training pool of the run is dropped (counted in the output, not assumed). GSM8K stages and the
   GSM8K column use the test split.
+* Forgetting: the model as it was at the end of stage 1 (base + the stage-1 anchor saved by the EWC
+  run; stage 1 is the same in both variants) is scored on the generated stage tasks too, and paired
+  with each final model ('after_stage1', 'paired.forgetting').
 * Scoring: greedy decoding, the same answer reader as the rewards; 'accuracy' reads the '####'
   answer or else the last number; 'format' = last line is '#### <number>'. Intervals: 95% Wilson.
   Base vs trained: exact McNemar on the same problems.
@@ -47,10 +50,26 @@ def train_variant(cfg, name: str, root: Path) -> tuple[Path, float]:
     return run.path, time.time() - t0
 
 
-def score(model_name: str, problems, settings, label: str) -> dict:
+def stage_end_model(base_name: str, ewc_folder: Path):
+    """The model as it was at the end of a stage: base weights + that stage's EWC anchor (the trainable
+    weights saved when its Fisher was computed; frozen ones, e.g. the embedding, are the base's)."""
+    from safetensors.torch import load_file
+
+    from grpo_app.evaluation import load_for_eval
+
+    model, tok, _ = load_for_eval(base_name)
+    anchor = {k.split("::", 1)[1]: t for k, t in load_file(str(ewc_folder / "ewc.safetensors")).items()
+              if k.startswith("anchor::")}
+    result = model.load_state_dict(anchor, strict=False)
+    if result.unexpected_keys or not anchor:
+        raise SystemExit(f"{ewc_folder}: anchor does not fit {base_name}: {result.unexpected_keys[:3]}")
+    return model, tok
+
+
+def score(model_name, problems, settings, label: str) -> dict:
     from grpo_app.evaluation import evaluate, load_for_eval
 
-    model, tok, _ = load_for_eval(model_name)
+    model, tok = model_name() if callable(model_name) else load_for_eval(model_name)[:2]
     t0 = time.time()
     res = evaluate(model, tok, problems, settings)
     print(
@@ -72,14 +91,16 @@ def chart(result: dict, html_path: Path, png_path: Path | None) -> None:
 
     sets = list(result["eval"].keys())
     models = result["models"]
-    colors = {"base": "#999999", "ewc": "#0072B2", "noewc": "#E69F00"}
+    colors = {"base": "#999999", "after1": "#009E73", "ewc": "#0072B2", "noewc": "#E69F00"}
+    names = {"base": "base", "after1": "after stage 1", "ewc": "trained (EWC)", "noewc": "trained (no EWC)"}
     fig = make_subplots(rows=1, cols=2, subplot_titles=("Held-out greedy accuracy (95% CI)", "Final-answer line rate"))
     for m in models:
-        acc = [result["eval"][s][m]["accuracy"] for s in sets]
-        lo = [a - result["eval"][s][m]["ci"][0] for a, s in zip(acc, sets)]
-        hi = [result["eval"][s][m]["ci"][1] - a for a, s in zip(acc, sets)]
-        fmt = [result["eval"][s][m]["format_rate"] for s in sets]
-        name = {"base": "base", "ewc": "trained (EWC)", "noewc": "trained (no EWC)"}[m]
+        cell = [result["eval"][s].get(m) for s in sets]  # None: not measured on that set
+        acc = [c["accuracy"] if c else None for c in cell]
+        lo = [c["accuracy"] - c["ci"][0] if c else 0 for c in cell]
+        hi = [c["ci"][1] - c["accuracy"] if c else 0 for c in cell]
+        fmt = [c["format_rate"] if c else None for c in cell]
+        name = names[m]
         fig.add_bar(
             x=sets,
             y=acc,
@@ -180,6 +201,12 @@ def main() -> None:
         sets["GSM8K test"] = (probs, s, origin)
 
     models = {"base": cfg.model.name, **{k: str(Path(v["run"]) / "final") for k, v in trained.items()}}
+    # Forgetting: the model at the end of stage 1 (identical in both variants: same config and seeds up
+    # to the first Fisher pass), from the stage-1 anchor the EWC run saved.
+    stage1_end = None
+    if "ewc" in trained and (Path(trained["ewc"]["run"]) / "ewc" / "stage-0" / "ewc.safetensors").is_file():
+        folder = Path(trained["ewc"]["run"]) / "ewc" / "stage-0"
+        stage1_end = lambda: stage_end_model(cfg.model.name, folder)  # noqa: E731
     result: dict = {
         "config": a.config,
         "overrides": a.set,
@@ -192,6 +219,12 @@ def main() -> None:
     for set_name, (probs, s, origin) in sets.items():
         print(f"# eval {set_name}: {len(probs)} problems ({origin})", file=sys.stderr, flush=True)
         recs = {m: score(path, probs, s, f"{set_name} / {m}") for m, path in models.items()}
+        if stage1_end is not None and set_name != "GSM8K test":
+            after1 = score(stage1_end, probs, s, f"{set_name} / after stage 1")
+            result.setdefault("after_stage1", {})[set_name] = brief(after1["summary"])
+            result["paired"].setdefault("forgetting", {})[set_name] = {
+                m: paired(after1["records"], recs[m]["records"]) for m in models if m != "base"
+            }
         result["eval"][set_name] = {m: brief(r["summary"]) for m, r in recs.items()}
         result["eval"][set_name]["origin"] = origin
         result["eval"][set_name]["overlap_with_training"] = sum(1 for p in probs if p.question in exclude)
@@ -214,6 +247,10 @@ def main() -> None:
     out.write_text(json.dumps(result, indent=2) + "\n")
     # The chart only needs the per-model entries.
     plot = {**result, "eval": {s: {m: v[m] for m in models} for s, v in result["eval"].items()}}
+    if result.get("after_stage1"):
+        plot["models"] = ["base", "after1", *[m for m in models if m != "base"]]
+        for set_name, summary in result["after_stage1"].items():
+            plot["eval"][set_name]["after1"] = summary
     chart(plot, out.with_suffix(".html"), out.with_suffix(".png"))
     print(json.dumps(result, indent=2))
 

@@ -188,6 +188,12 @@ class EWCConfig:
     )
     gamma: float = _f(1.0, "Online EWC decay: F <- gamma * F_old + F_new at each stage end (1 = running sum).")
     normalize: bool = _f(True, "Divide each stage's Fisher by its mean so lambda does not depend on model size.")
+    clip_penalty: bool = _f(
+        False,
+        "Include the penalty's gradient in gradient clipping (plain 'add it to the loss'). Off: the GRPO gradient "
+        "is clipped alone and lambda * F * (theta - theta*) is added after clipping, so a stiff Fisher (LayerNorm "
+        "gains dominate it) cannot shrink every policy update through the clip factor.",
+    )
 
 
 @dataclass

@@ -365,6 +365,7 @@ class _Job:
             train_dataset=dataset,
             callbacks=[cb],
             ewc=active_ewc,
+            ewc_after_clip=not cfg.ewc.clip_penalty,
             engine_options=EngineOptions(
                 fast_generation=cfg.grpo.fast_generation,
                 stop_at_answer=cfg.grpo.stop_at_answer,

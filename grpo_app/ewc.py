@@ -16,7 +16,10 @@ divided by its mean first, so lambda keeps its meaning across model sizes.
 
 The penalty lambda/2 * sum_i F_i (theta_i - theta*_i)^2 is a custom autograd function: forward
 reduces parameter by parameter without keeping the (theta - theta*) tensors alive, and backward
-produces lambda * F_i * (theta_i - theta*_i) directly. It is added to the GRPO loss.
+produces lambda * F_i * (theta_i - theta*_i) directly. It is added to the GRPO loss. By default
+(`ewc.clip_penalty: false`) its gradient is added after gradient clipping instead (`add_penalty_grad`):
+the Fisher of a trained LM is dominated by LayerNorm gains (~10^4 x the mean), so inside the clipped
+norm the penalty would set the clip factor and shrink every policy update with it.
 """
 
 from __future__ import annotations
@@ -182,6 +185,19 @@ class EWCState:
             [self.anchor[n] for n in names],
             *[params[n] for n in names],
         )
+
+    @torch.no_grad()
+    def add_penalty_grad(self, model) -> None:
+        """p.grad += lambda * F * (theta - theta*): the penalty's exact gradient, added in place (used after
+        gradient clipping, so the clip factor is set by the GRPO gradient alone)."""
+        names, params = self._aligned(model)
+        for n in names:
+            p = params[n]
+            g = (p.detach().float() - self.anchor[n]).mul_(self.fisher[n]).mul_(self.lam).to(p.dtype)
+            if p.grad is None:
+                p.grad = g
+            else:
+                p.grad.add_(g)
 
     def penalty_value(self, model) -> float:
         with torch.no_grad():

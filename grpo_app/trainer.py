@@ -15,7 +15,8 @@ logging, checkpoints, resume — is TRL's own code):
    the loss and its gradient; its forward/backward is skipped and the loss is rescaled so the
    result is identical (dapo needs no rescale: its normalizer counts the whole generation batch).
 5. The EWC penalty lambda/2 * sum F (theta - theta*)^2 is added to the loss once per optimizer
-   step and logged as `ewc_penalty`.
+   step and logged as `ewc_penalty`. With `ewc_after_clip` (the default) its gradient is added to
+   the parameters' gradients after clipping, just before the optimizer step.
 6. Checkpoints are written to a staging folder and renamed into place when complete.
 """
 
@@ -103,12 +104,14 @@ class CurriculumGRPOTrainer(GRPOTrainer):
         self,
         *args,
         ewc=None,
+        ewc_after_clip: bool = True,
         engine_options: EngineOptions | None = None,
         on_group=None,
         checkpoint_hook=None,
         **kwargs,
     ):
         self.ewc = ewc
+        self.ewc_after_clip = ewc_after_clip
         self.opts = engine_options or EngineOptions()
         self.on_group = on_group  # callable(dict) with the latest group, after each generation
         self.checkpoint_hook = checkpoint_hook  # callable(folder) to add files before a checkpoint is published
@@ -124,6 +127,22 @@ class CurriculumGRPOTrainer(GRPOTrainer):
         self.remove_callback(ProgressCallback)
 
     def create_optimizer(self, model=None):
+        had = self.optimizer is not None
+        opt = self._create_optimizer(model)
+        if not had and self.ewc is not None and self.ewc.active and self.ewc_after_clip:
+            opt.register_step_pre_hook(self._ewc_grad_hook)  # runs after clip_grad_norm_, before the update
+        return opt
+
+    def _ewc_grad_hook(self, optimizer, args, kwargs):
+        t0 = time.perf_counter()
+        self.ewc.add_penalty_grad(self.accelerator.unwrap_model(self.model))
+        spent = self._metrics["train"]["ewc_seconds"]  # this step's entry, from the penalty value in the loss
+        if spent:
+            spent[-1] += time.perf_counter() - t0
+        else:
+            spent.append(time.perf_counter() - t0)
+
+    def _create_optimizer(self, model=None):
         if self.optimizer is None and self.opts.optimizer == "adamw_bf16_moments":
             opt_model = self.model if model is None else model
             decay = set(self.get_decay_parameter_names(opt_model))
@@ -346,8 +365,13 @@ class CurriculumGRPOTrainer(GRPOTrainer):
             # Parameters do not change inside an accumulation window: add the term (and its gradient) once.
             self._ewc_step = self.state.global_step
             t0 = time.perf_counter()
-            pen = self.ewc.penalty(self.accelerator.unwrap_model(model))
-            loss = loss + pen
+            if self.ewc_after_clip:
+                # The value is reported with the loss; the gradient is added after clipping (_ewc_grad_hook).
+                pen = torch.tensor(self.ewc.penalty_value(self.accelerator.unwrap_model(model)), dtype=loss.dtype)
+                loss = loss + pen
+            else:
+                pen = self.ewc.penalty(self.accelerator.unwrap_model(model))
+                loss = loss + pen
             self._metrics[mode]["ewc_penalty"].append(float(pen.detach()))
             self._metrics[mode]["ewc_seconds"].append(time.perf_counter() - t0)
         return loss

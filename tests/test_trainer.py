@@ -15,13 +15,13 @@ from grpo_app.trainer import CurriculumGRPOTrainer, EngineOptions, restore_forwa
 from .conftest import make_tiny
 
 
-def make_trainer(tmp_path, model, tok, ewc=None, loss_type="dapo", **opts):
+def make_trainer(tmp_path, model, tok, ewc=None, loss_type="dapo", ewc_after_clip=True, **opts):
     cfg = load_config("tests/configs/tiny.yaml", [f"grpo.loss_type={loss_type}"])
     funcs, weights = build_rewards(cfg.rewards.weights)
     ds = Dataset.from_list([{"prompt": [{"role": "user", "content": "1+1?"}], "answer": "2"}] * 8)
     tr = CurriculumGRPOTrainer(model=model, processing_class=tok, reward_funcs=funcs,
                                args=grpo_args(cfg, 0, tmp_path, "cpu"), train_dataset=ds, ewc=ewc,
-                               engine_options=EngineOptions(**opts))
+                               ewc_after_clip=ewc_after_clip, engine_options=EngineOptions(**opts))
     tr.model.train()
     tr.current_gradient_accumulation_steps = tr.args.gradient_accumulation_steps  # set by train() normally
     return tr
@@ -132,3 +132,48 @@ def test_bf16_moment_adamw_tracks_torch_adamw():
     o3 = AdamWBF16Moments([torch.nn.Parameter(w2.detach().clone())], lr=1e-2)
     o3.load_state_dict(sd)
     assert o3.state_dict()["state"][0]["exp_avg"].dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("after_clip", [True, False])
+def test_penalty_gradient_reaches_the_update_with_or_without_clipping_it(tmp_path, tokenizer, after_clip):
+    """One real optimizer step away from the anchor with zero advantages (no policy gradient): the update is
+    driven by the penalty alone. After clipping (default) the applied gradient is exactly lambda*F*(theta-theta*);
+    inside the clip it is rescaled to max_grad_norm."""
+    model = make_tiny(tokenizer)
+    freeze_embeddings(model)
+    fisher, _ = compute_fisher(model, [([1, 2, 3], [4, 5])])
+    ewc = EWCState(lam=1e4)
+    ewc.consolidate(model, fisher)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.01)
+    expected = {n: (p.detach() - ewc.anchor[n]) * ewc.fisher[n] * ewc.lam for n, p in model.named_parameters()
+                if n in ewc.anchor}
+    tr = make_trainer(tmp_path, model, tokenizer, ewc=ewc, ewc_after_clip=after_clip)
+    tr.create_optimizer()
+    seen = {}
+    tr.optimizer.register_step_pre_hook(  # registered after the EWC hook: sees the gradient the update uses
+        lambda opt, a, k: seen.update({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    )
+    pi, pm, ci, cm = batch(tokenizer)
+    inputs = {"prompt_ids": pi, "prompt_mask": pm, "completion_ids": ci, "completion_mask": cm,
+              "advantages": torch.zeros(6), "num_items_in_batch": cm.sum()}
+    loss = tr._compute_loss(model, inputs)
+    assert loss.item() == pytest.approx(ewc.penalty_value(model), rel=1e-5)  # reported with the loss either way
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    tr.optimizer.step()
+    big = max(expected, key=lambda n: expected[n].norm())
+    if after_clip:
+        assert norm.item() == 0.0  # nothing to clip: the policy gradient is 0 and the penalty comes later
+        for n, g in expected.items():
+            torch.testing.assert_close(seen[n], g, rtol=1e-5, atol=1e-12)
+    else:
+        assert norm.item() > 1.0  # the penalty's gradient was clipped down to norm 1
+        total = torch.sqrt(sum(seen[n].pow(2).sum() for n in expected))
+        assert total.item() == pytest.approx(1.0, rel=1e-3)
+    moved = (model.get_parameter(big).detach() - before[big]) * (before[big] - ewc.anchor[big])
+    assert moved.sum() < 0  # the update pulls back toward the anchor
+    assert tr._metrics["train"]["ewc_seconds"] and len(tr._metrics["train"]["ewc_seconds"]) == 1
