@@ -11,6 +11,7 @@ Each setup runs in its own subprocess (so peak RSS, read with getrusage, is its 
              the short context is not counted, which makes the figure conservative).
 * trl      - plain TRL GRPOTrainer, bf16=False, everything else at TRL's defaults: G=4, one prompt
              per step, 128-token completions, beta 0.
+* monitor  - the live memory sampler's and the metrics store's own cost per sample / record.
 * engine   - the project's engine on the same model, G, completion budget and GSM8K prompts, with
              its preset settings (16 prompts per step, fast sampler, prefix sharing, zero-advantage
              skipping, answer-line stop), two stages so the Fisher pass and the EWC term are in it.
@@ -222,6 +223,41 @@ def bench_engine(steps: int, prompts_per_step: int, extra: list[str]) -> dict:
     }
 
 
+def bench_monitor(samples: int = 400) -> dict:
+    """What the live memory sampler and the metrics store cost: the exact work of one sample (RSS read,
+    the lock-protected store, the fsynced JSONL line) and of one step's metrics record, timed alone.
+    CPU time is this thread's (time.thread_time); the sampler's share is its CPU time per sample over
+    its 0.5 s interval, i.e. the fraction of one core it takes from training."""
+    import psutil
+
+    from grpo_app.runs import MemorySampler, RunStore, append_jsonl
+
+    store, proc = RunStore(), psutil.Process(os.getpid())
+    interval = MemorySampler(lambda s: None).interval
+    with tempfile.TemporaryDirectory() as tmp:
+        mem_path, met_path = Path(tmp) / "memory.jsonl", Path(tmp) / "metrics.jsonl"
+        c0, w0 = time.thread_time(), time.perf_counter()
+        for _ in range(samples):
+            sample = {"time": time.time(), "rss_mb": proc.memory_info().rss / 2**20}
+            store.add_memory(sample)
+            append_jsonl(mem_path, sample)
+        mem_cpu, mem_wall = (time.thread_time() - c0) / samples, (time.perf_counter() - w0) / samples
+        rec = {f"k{i}": float(i) for i in range(40)}  # a metrics line has ~40 fields
+        c0, w0 = time.thread_time(), time.perf_counter()
+        for _ in range(samples):
+            store.add_metric(dict(rec))
+            append_jsonl(met_path, rec)
+        met_cpu, met_wall = (time.thread_time() - c0) / samples, (time.perf_counter() - w0) / samples
+    return {
+        "sampler_interval_s": interval,
+        "sample_cpu_ms": round(mem_cpu * 1e3, 3),
+        "sample_wall_ms": round(mem_wall * 1e3, 3),
+        "sampler_share_of_one_core": round(mem_cpu / interval, 5),
+        "metrics_record_cpu_ms": round(met_cpu * 1e3, 3),
+        "metrics_record_wall_ms": round(met_wall * 1e3, 3),
+    }
+
+
 def _child(mode: str, argv: list[str]) -> dict:
     cmd = [sys.executable, __file__, "--child", mode, *argv]
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -234,7 +270,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=3, help="timed steps per setup (after one warm-up step)")
     ap.add_argument("--prompts-per-step", type=int, default=16)
-    ap.add_argument("--only", default="gemm,gen,trl,engine,engine_full")
+    ap.add_argument("--only", default="gemm,gen,monitor,trl,engine,engine_full")
     ap.add_argument("--out", help="also write the JSON here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--gflops", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -243,6 +279,8 @@ def main() -> None:
     if a.child:
         if a.child == "gemm":
             r = bench_gemm()
+        elif a.child == "monitor":
+            r = bench_monitor()
         elif a.child == "gen":
             r = bench_gen(a.gflops)
         elif a.child == "trl":
@@ -268,6 +306,8 @@ def main() -> None:
     common = ["--steps", str(a.steps), "--prompts-per-step", str(a.prompts_per_step)]
     if "gen" in only:
         res["generation"] = _child("gen", ["--gflops", str(gemm["gflops_peak"])])
+    if "monitor" in only:
+        res["monitor"] = _child("monitor", [])
     for mode in ("trl", "engine", "engine_full"):
         if mode in only:
             res[mode] = _child(mode, common)

@@ -164,3 +164,33 @@ def test_stop_during_generation_finishes_that_step_and_saves(runs_dir, varied_re
     ck = run.latest_checkpoint()
     assert ck is not None and ck["global_step"] == 2  # saved on stop although save_every=0
     assert [e["event"] for e in run.events()].count("stopped") == 1
+
+
+def test_a_reward_that_raises_marks_the_run_failed_and_the_manager_keeps_working(runs_dir, monkeypatch):
+    from grpo_app.rewards import REWARD_FUNCS
+
+    calls = []
+
+    def flaky(prompts, completions, **kw):
+        calls.append(1)
+        if len(calls) >= 2:
+            raise ZeroDivisionError("reward exploded on purpose")
+        return [0.0] * len(completions)
+
+    monkeypatch.setitem(REWARD_FUNCS, "flaky", flaky)
+    cfg = load_config("tests/configs/tiny.yaml", [f"run.output_dir={runs_dir}", "rewards.weights={flaky: 1.0}"])
+    mgr = RunManager(runs_dir)
+    run = mgr.start(cfg)
+    assert mgr.wait(300)
+    status = run.read_status()
+    assert status["status"] == "failed"
+    assert "ZeroDivisionError: reward exploded on purpose" in status["error"]
+    err = [e for e in run.events() if e["event"] == "error"]
+    assert err and "reward exploded" in err[0]["message"] and "Traceback" in err[0]["traceback"]
+    assert [m["step"] for m in run.metrics()] == [1]  # what was done before the crash is kept
+    assert mgr.snapshot()["status"]["status"] == "failed"
+
+    monkeypatch.setitem(REWARD_FUNCS, "flaky", lambda prompts, completions, **kw: [0.0] * len(completions))
+    again = mgr.start(load_config("tests/configs/tiny.yaml", [f"run.output_dir={runs_dir}", "rewards.weights={flaky: 1.0}",
+                                                              "stages[0].steps=1", "stages[1].steps=1"]))
+    assert mgr.wait(300) and again.read_status()["status"] == "completed"  # the manager took the next job
