@@ -148,6 +148,27 @@ def _png(fig, png_path: Path) -> None:
             browser.close()
 
 
+def markdown(result: dict) -> str:
+    """The README table: accuracy [95% CI] and format rate per set and model, the paired p-values."""
+    names = {"base": "base", "after1": "after stage 1", "ewc": "trained, EWC", "noewc": "trained, no EWC"}
+
+    def cell(c):
+        return f"{c['accuracy']:.1%} [{c['ci'][0]:.1%}, {c['ci'][1]:.1%}] · {c['format_rate']:.0%}"
+
+    cols = ["base", *(["after1"] if result.get("after_stage1") else []), *[m for m in result["models"] if m != "base"]]
+    lines = ["| held-out set (n) | " + " | ".join(names[m] for m in cols) + " | paired p (McNemar) |",
+             "|---|" + "---|" * (len(cols) + 1)]
+    for set_name, ev in result["eval"].items():
+        row = [f"{set_name} ({ev['n']})"]
+        for m in cols:
+            c = result.get("after_stage1", {}).get(set_name) if m == "after1" else ev.get(m)
+            row.append(cell(c) if c else "—")
+        pr = result["paired"][set_name]
+        ps = [f"{k.replace('_vs_', ' vs ')} {v['p_value']:.2g}" for k, v in pr.items() if not k.endswith("_format")]
+        lines.append("| " + " | ".join(row) + " | " + "; ".join(ps) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     from grpo_app.config import load_config
     from grpo_app.evaluation import (
@@ -253,6 +274,7 @@ def main() -> None:
             plot["eval"][set_name]["after1"] = summary
     chart(plot, out.with_suffix(".html"), out.with_suffix(".png"))
     print(json.dumps(result, indent=2))
+    print("\n" + markdown(result), file=sys.stderr)
 
 
 if __name__ == "__main__":

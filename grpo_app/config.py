@@ -177,8 +177,9 @@ class GRPOSettings:
 class EWCConfig:
     enabled: bool = _f(True, "Add the Fisher (EWC) penalty in stages after the first.")
     lam: float = _f(
-        50.0,
-        "lambda: strength of the penalty lambda/2 * sum_i F_i (theta_i - theta*_i)^2 (with normalize, F has mean 1).",
+        1000.0,
+        "lambda: strength of the penalty lambda/2 * sum_i F_i (theta_i - theta*_i)^2 (with normalize, F has mean 1). "
+        "1000 kept all of stage 1's held-out gain on SmolLM2-135M in the classroom preset (README, 'Does it learn?').",
         aliases=("lambda",),
     )
     fisher_samples: int = _f(32, "Completions whose log-likelihood gradients estimate the Fisher at a stage's end.")

@@ -356,7 +356,7 @@ class TrainForm:
     prompts_per_step: Any = 4
     learning_rate: Any = "1e-5"
     ewc: Any = True
-    ewc_lam: Any = 50.0
+    ewc_lam: Any = 1000.0
     lora: Any = False
     seed: Any = 42
     run_name: Any = ""

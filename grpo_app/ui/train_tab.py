@@ -158,7 +158,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
                 ewc = gr.Checkbox(
                     v("ewc", True), label="EWC: protect what earlier stages learned (Fisher penalty)", elem_id="ewc"
                 )
-                lam = gr.Number(v("ewc_lam", 50.0), label="EWC λ (strength)", precision=None, elem_id="ewc-lambda")
+                lam = gr.Number(v("ewc_lam", 1000.0), label="EWC λ (strength)", precision=None, elem_id="ewc-lambda")
                 err_ewc = gr.Markdown(visible=False, elem_classes="field-error")
             with gr.Column(min_width=200):
                 lora = gr.Checkbox(

@@ -1,0 +1,36 @@
+"""bench/learning.py's machinery on the tiny random model: both variants train, every set is held out and
+checked, forgetting is measured from the stage-1 anchor, and the JSON, chart and README table come out."""
+
+import json
+import os
+import subprocess
+import sys
+
+from .conftest import ROOT
+
+
+def test_learning_bench_runs_the_ablation_on_a_tiny_model(tmp_path):
+    out = tmp_path / "learning.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "learning.py"), "--config", "tests/configs/tiny.yaml", "--ablation",
+           "--n", "12", "--gsm8k-n", "6", "--out", str(out),
+           "--set", f"run.output_dir={tmp_path / 'runs'}", "--set", "run.save_every=0"]
+    env = dict(os.environ, CHROMIUM="/nonexistent")  # the PNG is optional; the JSON and HTML are the record
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["models"] == ["base", "ewc", "noewc"]
+    assert set(res["eval"]) == {"stage 1: s1", "stage 2: s2", "GSM8K test"}
+    for name, ev in res["eval"].items():
+        assert ev["overlap_with_training"] == 0 and ev["n"] > 0
+        for m in res["models"]:
+            lo, hi = ev[m]["ci"]
+            assert 0 <= lo <= ev[m]["accuracy"] <= hi <= 1
+        assert {"ewc_vs_base", "noewc_vs_base", "ewc_vs_noewc"} <= set(res["paired"][name])
+    assert set(res["after_stage1"]) == {"stage 1: s1", "stage 2: s2"}  # not GSM8K: scored for stage tasks only
+    assert set(res["paired"]["forgetting"]["stage 1: s1"]) == {"ewc", "noewc"}
+    runs = {k: v["run"] for k, v in res["runs"].items()}
+    ewc_cfg = (tmp_path / "runs" / os.path.basename(runs["ewc"]) / "config.yaml").read_text()
+    noewc_cfg = (tmp_path / "runs" / os.path.basename(runs["noewc"]) / "config.yaml").read_text()
+    assert "enabled: true" in ewc_cfg and "enabled: false" in noewc_cfg  # same config but for EWC
+    assert out.with_suffix(".html").is_file()
+    assert "| held-out set (n) |" in r.stderr and "after stage 1" in r.stderr
