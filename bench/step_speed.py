@@ -171,7 +171,7 @@ def bench_trl(steps: int) -> dict:
 def bench_engine(steps: int, prompts_per_step: int, extra: list[str]) -> dict:
     from grpo_app.config import load_config
     from grpo_app.engine import train
-    from grpo_app.runs import RunDir, read_jsonl
+    from grpo_app.runs import RunDir
 
     overrides = [
         "model.name=embedded",
@@ -188,13 +188,34 @@ def bench_engine(steps: int, prompts_per_step: int, extra: list[str]) -> dict:
     for st in cfg.stages:
         st.source, st.min_difficulty, st.max_difficulty, st.steps = "gsm8k", 1, 8, steps + 1
     cfg.validate()
+    class Collect:  # the engine's reporter interface; the app's RunManager is the other implementation
+        def __init__(self):
+            self.metric_records, self.event_records = [], []
+
+        def event(self, kind, **data):
+            self.event_records.append({"event": kind, **data})
+
+        def metrics(self, rec):
+            self.metric_records.append(dict(rec))
+
+        def step(self, snapshot):
+            pass
+
+        def status(self, **fields):
+            pass
+
+        def should_stop(self):
+            return False
+
+    rep = Collect()
     with tempfile.TemporaryDirectory() as tmp:
         run = RunDir.create(Path(tmp), cfg)
         t0 = time.perf_counter()
-        train(cfg, run)
+        train(cfg, run, rep)
         total = time.perf_counter() - t0
-        metrics = read_jsonl(run.metrics_path)
-        events = read_jsonl(run.events_path)
+    metrics, events = rep.metric_records, rep.event_records
+    if not metrics:
+        raise SystemExit("the engine reported no metrics")
     steady = [m for m in metrics if m["stage_step"] > 1]  # the first step of each stage warms up
     n_comp = prompts_per_step * G
     s_step = sum(m["step_seconds"] for m in steady) / len(steady)
