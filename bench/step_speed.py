@@ -170,7 +170,7 @@ def bench_trl(steps: int) -> dict:
 
 def bench_engine(steps: int, prompts_per_step: int, extra: list[str]) -> dict:
     from grpo_app.config import load_config
-    from grpo_app.engine import train
+    from grpo_app.engine import _NullReporter, train
     from grpo_app.runs import RunDir
 
     overrides = [
@@ -188,7 +188,7 @@ def bench_engine(steps: int, prompts_per_step: int, extra: list[str]) -> dict:
     for st in cfg.stages:
         st.source, st.min_difficulty, st.max_difficulty, st.steps = "gsm8k", 1, 8, steps + 1
     cfg.validate()
-    class Collect:  # the engine's reporter interface; the app's RunManager is the other implementation
+    class Collect(_NullReporter):  # keeps what the app's RunManager would write to the run folder
         def __init__(self):
             self.metric_records, self.event_records = [], []
 
@@ -197,15 +197,6 @@ def bench_engine(steps: int, prompts_per_step: int, extra: list[str]) -> dict:
 
         def metrics(self, rec):
             self.metric_records.append(dict(rec))
-
-        def step(self, snapshot):
-            pass
-
-        def status(self, **fields):
-            pass
-
-        def should_stop(self):
-            return False
 
     rep = Collect()
     with tempfile.TemporaryDirectory() as tmp:

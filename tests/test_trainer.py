@@ -88,16 +88,22 @@ def test_all_zero_advantages_still_give_a_differentiable_zero_loss(tmp_path, tok
     loss.backward()
 
 
-def test_ewc_penalty_is_added_once_per_optimizer_step(tmp_path, tokenizer):
+def moved_from_anchor(tokenizer, lam):
+    """A tiny model with a Fisher and anchor from one sample, then every trainable weight moved by 0.01."""
     model = make_tiny(tokenizer)
     freeze_embeddings(model)
     fisher, _ = compute_fisher(model, [([1, 2, 3], [4, 5])])
-    ewc = EWCState(lam=100.0)
+    ewc = EWCState(lam=lam)
     ewc.consolidate(model, fisher)
     with torch.no_grad():
         for p in model.parameters():
             if p.requires_grad:
                 p.add_(0.01)
+    return model, ewc
+
+
+def test_ewc_penalty_is_added_once_per_optimizer_step(tmp_path, tokenizer):
+    model, ewc = moved_from_anchor(tokenizer, 100.0)
     pi, pm, ci, cm = batch(tokenizer)
     inputs = {"prompt_ids": pi, "prompt_mask": pm, "completion_ids": ci, "completion_mask": cm,
               "advantages": torch.zeros(6), "num_items_in_batch": cm.sum()}
@@ -139,15 +145,7 @@ def test_penalty_gradient_reaches_the_update_with_or_without_clipping_it(tmp_pat
     """One real optimizer step away from the anchor with zero advantages (no policy gradient): the update is
     driven by the penalty alone. After clipping (default) the applied gradient is exactly lambda*F*(theta-theta*);
     inside the clip it is rescaled to max_grad_norm."""
-    model = make_tiny(tokenizer)
-    freeze_embeddings(model)
-    fisher, _ = compute_fisher(model, [([1, 2, 3], [4, 5])])
-    ewc = EWCState(lam=1e4)
-    ewc.consolidate(model, fisher)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.requires_grad:
-                p.add_(0.01)
+    model, ewc = moved_from_anchor(tokenizer, 1e4)
     expected = {n: (p.detach() - ewc.anchor[n]) * ewc.fisher[n] * ewc.lam for n, p in model.named_parameters()
                 if n in ewc.anchor}
     tr = make_trainer(tmp_path, model, tokenizer, ewc=ewc, ewc_after_clip=after_clip)
