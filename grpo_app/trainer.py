@@ -78,10 +78,8 @@ def lora_merged(model, enabled: bool = True):
     subtracts the same delta, so the base weights come back to within float32 rounding (checked in the
     tests). A no-op for models without adapters, or when disabled.
     """
-    try:
-        from peft import PeftModel
-    except ImportError:  # pragma: no cover
-        PeftModel = ()  # noqa: N806
+    from peft import PeftModel  # a requirement of the project
+
     if not enabled or not isinstance(model, PeftModel):
         yield model
         return
@@ -365,13 +363,10 @@ class CurriculumGRPOTrainer(GRPOTrainer):
             # Parameters do not change inside an accumulation window: add the term (and its gradient) once.
             self._ewc_step = self.state.global_step
             t0 = time.perf_counter()
+            pen = self.ewc.penalty(self.accelerator.unwrap_model(model))
             if self.ewc_after_clip:
-                # The value is reported with the loss; the gradient is added after clipping (_ewc_grad_hook).
-                pen = torch.tensor(self.ewc.penalty_value(self.accelerator.unwrap_model(model)), dtype=loss.dtype)
-                loss = loss + pen
-            else:
-                pen = self.ewc.penalty(self.accelerator.unwrap_model(model))
-                loss = loss + pen
+                pen = pen.detach()  # value only: the gradient is added after clipping (_ewc_grad_hook)
+            loss = loss + pen
             self._metrics[mode]["ewc_penalty"].append(float(pen.detach()))
             self._metrics[mode]["ewc_seconds"].append(time.perf_counter() - t0)
         return loss
