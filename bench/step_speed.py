@@ -5,10 +5,18 @@
 Each setup runs in its own subprocess (so peak RSS, read with getrusage, is its own):
 
 * gemm     - the machine's fp32 matmul limit on the threads training uses (GFLOP/s).
-* gen      - the project's sampler alone at batch 16 and 64 (tokens/s), and the fraction of the matmul
-             limit that reaches: tokens/s x FLOPs/token / limit, FLOPs/token = 2 x parameters
-             (every weight, the tied LM head included, is one multiply-add per token; attention over
-             the short context is not counted, which makes the figure conservative).
+* gen      - the project's sampler alone at batch 16 and 64 (G = 4, GSM8K prompts, 128 tokens), as a
+             fraction of the matmul limit (`gemm.gflops_peak`), three ways:
+             - fraction_of_matmul_limit: generated tokens/s x 2 x parameters / limit, the clock running
+               from the first prompt token (prefill time counts, prefill FLOPs do not);
+             - model_flops_utilization: the same with the prefill's FLOPs counted too (2 x non-embedding
+               parameters per distinct prompt token; the LM head runs only on each prompt's last token);
+             - decode_fraction: decode steps alone (a 1-token run's time subtracted).
+             Every weight (the tied LM head included) is one multiply-add per token; attention FLOPs
+             are not counted, which makes all three conservative.
+             `model_shapes_gflops` is what MKL reaches on this model's own weight matrices at batch 64
+             (every Linear of every layer once, weights streamed from memory, plus the LM head): the
+             rate a decode step would have if it were nothing but its matrix multiplies.
 * trl      - plain TRL GRPOTrainer, bf16=False, everything else at TRL's defaults: G=4, one prompt
              per step, 128-token completions, beta 0.
 * monitor  - the live memory sampler's and the metrics store's own cost per sample / record.
@@ -73,6 +81,24 @@ def _prompts(n: int, tok, seed: int = 0):
     return probs, ids, source
 
 
+def _model_shapes_gflops(model, batch: int = 64) -> float:
+    import torch
+
+    linears = [m for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear)] + [model.lm_head]
+    xs = {n: torch.randn(batch, n) for n in {m.in_features for m in linears}}
+    flops = sum(2 * batch * m.in_features * m.out_features for m in linears)
+    with torch.inference_mode():
+        for _ in range(2):
+            for m in linears:
+                m(xs[m.in_features])
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < 2.0:
+            for m in linears:
+                m(xs[m.in_features])
+            n += 1
+    return flops * n / (time.perf_counter() - t0) / 1e9
+
+
 def bench_gen(gflops: float) -> dict:
     import torch
 
@@ -82,20 +108,31 @@ def bench_gen(gflops: float) -> dict:
     model, tok, _ = load_model("embedded")
     use_fast_attention(model)
     params = sum(p.numel() for p in model.parameters())
-    flops_per_token = 2 * params
-    out = {"parameters": params}
+    body = params - model.get_input_embeddings().weight.numel()  # the LM head is tied to the embedding
+    limit = gflops * 1e9
+    out = {"parameters": params, "matmul_limit_gflops": gflops, "model_shapes_gflops": round(_model_shapes_gflops(model), 1)}
     _, ids, _ = _prompts(16, tok)
+    generate_completions(model, tok, ids[:G], SamplingParams(max_new_tokens=8, seed=0), eos_token_ids=[-1])
     for batch in (16, 64):
         prompts = [ids[i % len(ids)] for i in range(batch // G) for _ in range(G)]
-        sp = SamplingParams(max_new_tokens=COMPLETION, temperature=1.0, stop_at_answer=False, seed=0)
-        generate_completions(model, tok, prompts[:G], SamplingParams(max_new_tokens=8, seed=0), eos_token_ids=[-1])
-        with torch.inference_mode():
-            o = generate_completions(model, tok, prompts, sp, eos_token_ids=[-1])  # fixed length: no EOS
+        runs = {}
+        for n in (1, COMPLETION):  # fixed length (no EOS) so every row decodes every step
+            sp = SamplingParams(max_new_tokens=n, temperature=1.0, stop_at_answer=False, seed=0)
+            runs[n] = generate_completions(model, tok, prompts, sp, eos_token_ids=[-1])
+        o, first = runs[COMPLETION], runs[1]
         tps = o.generated_tokens / o.seconds
+        flops = o.generated_tokens * 2 * params + o.prompt_tokens * 2 * body
+        decode_s = o.seconds - first.seconds
+        decode_tps = (o.generated_tokens - first.generated_tokens) / decode_s
         out[f"batch{batch}"] = {
             "tokens_per_s": round(tps, 1),
             "seconds": round(o.seconds, 2),
-            "fraction_of_matmul_limit": round(tps * flops_per_token / (gflops * 1e9), 3),
+            "prefill_seconds": round(first.seconds, 2),
+            "prompt_tokens": o.prompt_tokens,
+            "fraction_of_matmul_limit": round(tps * 2 * params / limit, 3),
+            "model_flops_utilization": round(flops / o.seconds / limit, 3),
+            "decode_tokens_per_s": round(decode_tps, 1),
+            "decode_fraction": round(decode_tps * 2 * params / limit, 3),
         }
     out["peak_rss_mb"] = round(_peak_rss_mb())
     return out

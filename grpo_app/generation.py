@@ -6,10 +6,15 @@ matrix multiplies — growing the KV cache with `torch.cat` (copying the whole c
 64), and the CPU flash-attention kernel with a single query token. This module keeps the model's own
 forward (so any HF causal LM works: Llama, Qwen2, ...) and replaces only what is around it:
 
-* the prompt of a GRPO group is prefilled once and its KV copied to the G rows that share it;
-* the KV cache is preallocated per layer; each step writes one column and attends to a view;
+* the prompt of a GRPO group is prefilled once, and its keys/values are *not* copied to the G rows
+  that share it: decode attention reads the prompt's KV once per group ("cascade" attention: the
+  prompt part and each row's own completion part are computed separately and merged with their
+  log-sum-exps). At batch 64 the KV cache is most of the memory traffic of a decode step;
+* the completions' KV is preallocated per layer; each step writes one column and attends to a view;
 * single-token decode attention is a grouped batched matmul on the KV heads (no `repeat_kv`);
-* sampling is inverse-CDF on the softmax with an explicit `torch.Generator` (reproducible);
+* sampling is inverse-CDF on the softmax with an explicit `torch.Generator` (reproducible), in two
+  levels (blocks of 256 tokens, then within the chosen block) so no cumulative sum runs over the
+  whole 49k vocabulary;
 * rows that finished (EOS, or a complete final-answer line when `stop_at_answer`) leave the batch.
 
 `generate_completions` returns token ids (without EOS), and why each row stopped.
@@ -46,6 +51,9 @@ def _decode_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     groups = n_heads // n_kv
     if scaling is None:
         scaling = dim**-0.5
+    shared = getattr(key, "_grpo_shared", None)
+    if shared is not None:
+        return _cascade_attention(query.reshape(bsz, n_kv, groups, dim), key, value, shared, scaling), None
     q = query.reshape(bsz, n_kv, groups, dim)
     scores = torch.matmul(q, key.transpose(-1, -2))  # [B, KVH, G, T]
     scores.mul_(scaling)
@@ -58,6 +66,48 @@ def _decode_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     probs = torch.softmax(scores, dim=-1)
     out = torch.matmul(probs, value)  # [B, KVH, G, D]
     return out.reshape(bsz, n_heads, 1, dim).transpose(1, 2), None
+
+
+def _partial_attention(q, k, v, scaling, mask=None):
+    """Attention of q over (k, v) alone, and its log-sum-exp: (out [.., Q, D], lse [.., Q, 1]).
+
+    On CPU this is ATen's flash-attention kernel (blocked, fused exponentials), which returns the
+    log-sum-exp that merging two parts needs; elsewhere the same thing in plain matmuls."""
+    if q.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, False, attn_mask=mask, scale=scaling
+        )
+        return out, lse.unsqueeze(-1)
+    s = torch.matmul(q, k.transpose(-1, -2)).mul_(scaling)
+    if mask is not None:
+        s.add_(mask)
+    lse = torch.logsumexp(s, -1, keepdim=True)
+    return torch.matmul(s.sub_(lse).exp_(), v), lse
+
+
+def _cascade_attention(q, suffix_k, suffix_v, shared: _SharedPrefix, scaling: float) -> torch.Tensor:
+    """Decode attention of q [B, KVH, g, D] over a prompt shared by groups of rows plus each row's own
+    completion KV ([B, KVH, L, D]); returns [B, 1, KVH*g, D]."""
+    bsz, n_kv, g, dim = q.shape
+    layer = shared.layer_of(suffix_k)
+    u, s = shared.n_prompts, shared.slots
+    # Prompt part: queries of the rows that share prompt i, attended together against its KV (read once).
+    if shared.dense:
+        qg = q.view(u, s, n_kv, g, dim)
+    else:
+        qg = q.new_zeros(u * s, n_kv, g, dim).index_copy_(0, shared.slot_of_row, q).view(u, s, n_kv, g, dim)
+    qg = qg.permute(0, 2, 1, 3, 4).reshape(u, n_kv, s * g, dim)
+    op, lp = _partial_attention(qg, layer.prefix_k, layer.prefix_v, scaling, shared.prefix_bias)
+
+    def back(t):  # [U, KVH, S*g, X] -> [B, KVH, g, X]
+        x = t.view(u, n_kv, s, g, -1).permute(0, 2, 1, 3, 4).reshape(u * s, n_kv, g, -1)
+        return x if shared.dense else x.index_select(0, shared.slot_of_row)
+
+    # Completion part: every row against its own tokens (all of them valid); then the two softmaxes
+    # merged: out = (e^lp op + e^ls os) / (e^lp + e^ls) = os + sigmoid(lp - ls) (op - os).
+    os_, ls = _partial_attention(q, suffix_k, suffix_v, scaling)
+    out = torch.lerp(os_, back(op), torch.sigmoid(back(lp) - ls))
+    return out.reshape(bsz, 1, n_kv * g, dim)
 
 
 AttentionInterface.register(ATTN_IMPL, _decode_attention)
@@ -135,6 +185,61 @@ def _prealloc_cache(prefill: DynamicCache, rows: torch.Tensor, grow: int = 32) -
     return cache
 
 
+class _SharedPrefix:
+    """Which prompt each batch row continues, and the prompts' padding, shared by all layers."""
+
+    def __init__(self, prompt_mask: torch.Tensor, row_prompt: torch.Tensor):
+        self.n_prompts = prompt_mask.shape[0]
+        bias = torch.zeros(prompt_mask.shape, dtype=torch.float32)
+        bias.masked_fill_(prompt_mask == 0, torch.finfo(torch.float32).min)
+        self.prefix_bias = bias[:, None, None, :]  # [U, 1, 1, Tp], 0 = attend
+        self.layers: dict[int, _SharedPrefixLayer] = {}
+        self.set_rows(row_prompt)
+
+    def set_rows(self, row_prompt: torch.Tensor) -> None:
+        """row_prompt[b] = index of the prompt that batch row b continues."""
+        counts = torch.bincount(row_prompt, minlength=self.n_prompts)
+        self.slots = max(int(counts.max()), 1)
+        rank = torch.zeros_like(row_prompt)
+        seen = [0] * self.n_prompts
+        for b, i in enumerate(row_prompt.tolist()):
+            rank[b] = seen[i]
+            seen[i] += 1
+        self.slot_of_row = row_prompt * self.slots + rank
+        self.dense = row_prompt.numel() == self.n_prompts * self.slots and bool(
+            torch.equal(self.slot_of_row, torch.arange(row_prompt.numel()))
+        )
+
+    def layer_of(self, suffix_k: torch.Tensor) -> _SharedPrefixLayer:
+        return suffix_k._grpo_layer
+
+
+class _SharedPrefixLayer(_PreallocLayer):
+    """A layer whose prompt keys/values ([U, KVH, Tp, D], one per distinct prompt) are shared by the
+    rows continuing that prompt; `update` stores and returns only the rows' own (completion) KV, tagged
+    so `_decode_attention` adds the prompt part. Only for models using `ATTN_IMPL`."""
+
+    def __init__(self, prefix_k, prefix_v, n_rows: int, shared: _SharedPrefix, grow: int = 32):
+        self.prefix_k, self.prefix_v, self.shared = prefix_k, prefix_v, shared
+        _, h, _, d = prefix_k.shape
+        super().__init__(prefix_k.new_empty(n_rows, h, grow, d), prefix_v.new_empty(n_rows, h, grow, d), 0, grow)
+
+    def _refresh(self):
+        super()._refresh()
+        self.keys._grpo_shared = self.shared
+        self.keys._grpo_layer = self
+
+    def get_seq_length(self) -> int:
+        return self.prefix_k.shape[2] + self.length
+
+
+def _shared_prefix_cache(prefill: DynamicCache, prompt_mask, rows: torch.Tensor, grow: int = 32):
+    shared = _SharedPrefix(prompt_mask, rows)
+    cache = DynamicCache()
+    cache.layers = [_SharedPrefixLayer(l.keys, l.values, rows.numel(), shared, grow) for l in prefill.layers]
+    return cache, shared
+
+
 @dataclass
 class SamplingParams:
     max_new_tokens: int = 128
@@ -171,9 +276,27 @@ def _sample(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None
         u = torch.rand(cdf.shape[0], 1, generator=gen) * cdf[:, -1:]
         pos = torch.searchsorted(cdf, u).clamp_(max=cdf.shape[-1] - 1)
         return idx.gather(-1, pos).squeeze(-1)
-    cdf = probs.cumsum(-1)
-    u = torch.rand(cdf.shape[0], 1, generator=gen) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u).clamp_(max=cdf.shape[-1] - 1).squeeze(-1)
+    return _inverse_cdf(probs, torch.rand(probs.shape[0], 1, generator=gen))
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor, block: int = 256) -> torch.Tensor:
+    """The token at quantile u (in [0, 1)) of each row's distribution, exactly as a search in the cumulative
+    sum would find it, but summing blocks of `block` tokens first and accumulating only inside the block
+    that holds the quantile (a full-vocabulary cumsum is serial and was ~10 ms a step at batch 64)."""
+    n, vocab = probs.shape
+    pad = (-vocab) % block
+    if pad:
+        probs = torch.nn.functional.pad(probs, (0, pad))
+    blocks = probs.view(n, -1, block)
+    block_cdf = blocks.sum(-1).cumsum(-1)  # [n, vocab / block]
+    tiny = torch.finfo(probs.dtype).tiny
+    target = (u * block_cdf[:, -1:]).clamp_(min=tiny)  # > 0: never a block (or token) of zero mass
+    b = torch.searchsorted(block_cdf, target).clamp_(max=block_cdf.shape[1] - 1)  # [n, 1]
+    before = torch.where(b > 0, block_cdf.gather(1, (b - 1).clamp(min=0)), torch.zeros_like(target))
+    inner_cdf = blocks[torch.arange(n), b.squeeze(1)].cumsum(-1)  # [n, block]
+    rest = torch.minimum((target - before).clamp_(min=tiny), inner_cdf[:, -1:])  # rounding stays inside
+    j = torch.searchsorted(inner_cdf, rest).clamp_(max=block - 1)
+    return (b * block + j).clamp_(max=vocab - 1).squeeze(-1)
 
 
 class _AnswerLineDetector:
@@ -261,7 +384,11 @@ def generate_completions(
         )
         rows = torch.tensor(row_src, dtype=torch.long)
         capacity = plen + params.max_new_tokens
-        cache = _prealloc_cache(prefill, rows)
+        shared = None
+        if getattr(model.config, "_attn_implementation", None) == ATTN_IMPL:
+            cache, shared = _shared_prefix_cache(prefill, amask, rows)
+        else:
+            cache = _prealloc_cache(prefill, rows)
         del prefill
         logits = out.logits[:, -1].float().index_select(0, rows)
 
@@ -303,11 +430,15 @@ def generate_completions(
                 next_pos = next_pos.index_select(0, keep_t)
                 for layer in cache.layers:
                     layer.batch_select_indices(keep_t)
+                if shared is not None:
+                    shared.set_rows(rows.index_select(0, active))
                 alive = [True] * len(keep_t)
             full_mask[:, cur] = 1
             out = model(
                 input_ids=tok.unsqueeze(-1),
-                attention_mask=full_mask[:, : cur + 1],
+                # With the shared-prompt cache the attention builds its own masks (prompt padding only:
+                # every completion position is valid), so none is built here.
+                attention_mask=None if shared is not None else full_mask[:, : cur + 1],
                 position_ids=next_pos.unsqueeze(-1),
                 past_key_values=cache,
                 use_cache=True,

@@ -57,3 +57,64 @@ def test_streaming_callback_and_stop(tiny_model, tokenizer):
                                eos_token_ids=[-1], on_tokens=lambda r: seen.append(len(r[0])),
                                should_stop=lambda: len(seen) >= 3)
     assert seen[:3] == [1, 2, 3] and len(out.completion_ids[0]) == 3
+
+
+def test_cascade_attention_matches_plain_attention_over_copied_prompts():
+    """Prompt KV shared by rows (any order, uneven groups, padded prompts) gives the same attention as
+    copying each row's prompt KV next to its own completion KV."""
+    from grpo_app.generation import _cascade_attention, _SharedPrefix
+
+    torch.manual_seed(0)
+    n_kv, g, dim, tp, ts = 2, 3, 8, 6, 4
+    prompt_mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 1, 1]])
+    pk, pv = torch.randn(3, n_kv, tp, dim), torch.randn(3, n_kv, tp, dim)
+    for rows in ([0, 0, 1, 1, 2, 2], [2, 0, 0, 1, 2]):  # dense groups, then uneven and out of order
+        rows = torch.tensor(rows)
+        b = rows.numel()
+        q, sk, sv = torch.randn(b, n_kv, g, dim), torch.randn(b, n_kv, ts, dim), torch.randn(b, n_kv, ts, dim)
+        shared = _SharedPrefix(prompt_mask, rows)
+        layer = type("L", (), {"prefix_k": pk, "prefix_v": pv})()
+        sk._grpo_layer = layer
+        got = _cascade_attention(q, sk, sv, shared, dim**-0.5)
+        k = torch.cat([pk[rows], sk], 2)
+        v = torch.cat([pv[rows], sv], 2)
+        mask = torch.cat([prompt_mask[rows], torch.ones(b, ts, dtype=torch.long)], 1).bool()[:, None, None, :]
+        s = (q @ k.transpose(-1, -2)) * dim**-0.5
+        ref = torch.softmax(s.masked_fill(~mask, float("-inf")), -1) @ v
+        assert shared.dense == (b == 6)
+        torch.testing.assert_close(got, ref.reshape(b, 1, n_kv * g, dim), atol=1e-5, rtol=1e-5)
+
+
+def test_shared_prompt_decoding_matches_sdpa_when_rows_leave_the_batch(tiny_model, tokenizer):
+    import copy
+
+    ps = prompts(tokenizer, ["What is 2+3?", "A much longer question about apples and pears, please?", "hi"])
+    batch = [ps[0], ps[0], ps[1], ps[1], ps[2]]
+    sampled = SamplingParams(max_new_tokens=10, temperature=1.0, stop_at_answer=False, seed=3)
+    plain = copy.deepcopy(tiny_model)  # stays on SDPA with copied prompt KV
+    first = generate_completions(plain, tokenizer, batch, sampled, eos_token_ids=[-1]).completion_ids
+    eos = [first[2][3], first[3][2]]  # prompt 1's rows end early; the others go on without them
+    use_fast_attention(tiny_model)
+    a = generate_completions(tiny_model, tokenizer, batch, sampled, eos_token_ids=eos)
+    b = generate_completions(plain, tokenizer, batch, sampled, eos_token_ids=eos)
+    assert a.completion_ids == b.completion_ids and a.stop_reasons == b.stop_reasons
+    assert a.stop_reasons[2:4] == ["eos", "eos"] and a.stop_reasons.count("length") >= 2
+    assert len({tuple(c) for c in a.completion_ids}) == 5  # sampled rows, not copies
+
+
+def test_two_level_inverse_cdf_equals_a_full_cumulative_search():
+    from grpo_app.generation import _inverse_cdf
+
+    gen = torch.Generator().manual_seed(0)
+    for vocab in (49152, 1000, 300):  # a multiple of the block, and two that are not
+        probs = torch.softmax(torch.randn(64, vocab, generator=gen) * 3, -1)
+        probs[:, ::7] = 0  # tokens that must never be drawn (as after top-k)
+        probs /= probs.sum(-1, keepdim=True)
+        u = torch.rand(64, 1, generator=gen)
+        ref = torch.searchsorted(probs.cumsum(-1), u * probs.sum(-1, keepdim=True)).squeeze(-1)
+        got = _inverse_cdf(probs, u)
+        assert (got != ref).float().mean() < 0.02  # same draws, up to float rounding at a boundary
+        assert bool((probs.gather(1, got[:, None]) > 0).all())
+    edge = torch.zeros(2, 600)
+    edge[:, 590] = 1.0  # all mass on one token of the last, partial block; u at both ends
+    assert _inverse_cdf(edge, torch.tensor([[0.0], [0.9999999]])).tolist() == [590, 590]
