@@ -100,8 +100,6 @@ def _model_shapes_gflops(model, batch: int = 64) -> float:
 
 
 def bench_gen(gflops: float) -> dict:
-    import torch
-
     from grpo_app.generation import SamplingParams, generate_completions, use_fast_attention
     from grpo_app.models import load_model
 

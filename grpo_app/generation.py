@@ -236,7 +236,7 @@ class _SharedPrefixLayer(_PreallocLayer):
 def _shared_prefix_cache(prefill: DynamicCache, prompt_mask, rows: torch.Tensor, grow: int = 32):
     shared = _SharedPrefix(prompt_mask, rows)
     cache = DynamicCache()
-    cache.layers = [_SharedPrefixLayer(l.keys, l.values, rows.numel(), shared, grow) for l in prefill.layers]
+    cache.layers = [_SharedPrefixLayer(x.keys, x.values, rows.numel(), shared, grow) for x in prefill.layers]
     return cache, shared
 
 
