@@ -10,7 +10,8 @@ logging, checkpoints, resume — is TRL's own code):
    whole groups (needed by 3 and 4).
 3. Log-probabilities: each distinct prompt (but its last token) runs once, its keys/values are
    reused by the G completions, and the LM head projects only completion positions (TRL's CPU
-   path projects every position, prompt included). Same numbers, fewer FLOPs.
+   path projects every position, prompt included). Same numbers, fewer FLOPs. Not with gradient
+   checkpointing (HF's checkpointed layers drop a cache while training): TRL's path then.
 4. With beta = 0 and no entropy bonus, a completion whose advantage is 0 contributes exactly 0 to
    the loss and its gradient; its forward/backward is skipped and the loss is rescaled so the
    result is identical (dapo needs no rescale: its normalizer counts the whole generation batch).
@@ -90,6 +91,16 @@ def lora_merged(model, enabled: bool = True):
     finally:
         with torch.no_grad():
             model.unmerge_adapter()
+
+
+def _checkpointing(model, accelerator) -> bool:
+    """Gradient checkpointing on: HF's checkpointed layers then set past_key_values=None while training, so
+    a cached prompt would silently vanish from the completion's forward."""
+    lm = _unwrap_peft(accelerator.unwrap_model(model))
+    flag = getattr(lm, "is_activation_checkpointing", None)
+    if flag is None:
+        flag = getattr(lm, "is_gradient_checkpointing", False)
+    return bool(flag) and lm.training
 
 
 def restore_forward(model) -> None:
@@ -273,6 +284,7 @@ class CurriculumGRPOTrainer(GRPOTrainer):
         multimodal = any(v is not None for v in kwargs.values())
         if (
             not self.opts.share_prompt_prefix
+            or _checkpointing(model, self.accelerator)  # checkpointed layers drop the prompt's KV cache
             or multimodal
             or compute_aux_loss
             or input_ids.size(1) - logits_to_keep < 2

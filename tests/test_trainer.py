@@ -43,9 +43,12 @@ def batch(tok, g=3):
     return torch.stack(prompts), torch.stack(pmask), torch.stack(comps), torch.stack(cmask)
 
 
-def test_shared_prefix_logprobs_equal_trl(tmp_path, tokenizer):
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_shared_prefix_logprobs_equal_trl(tmp_path, tokenizer, checkpointing):
     model = make_tiny(tokenizer)
     use_fast_attention(model)
+    if checkpointing:  # HF's checkpointed layers drop a KV cache while training: the prompt must not vanish
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     pi, pm, ci, cm = batch(tokenizer)
     ids, mask = torch.cat([pi, ci], 1), torch.cat([pm, cm], 1)
     shared = make_trainer(tmp_path / "a", model, tokenizer, share_prompt_prefix=True)
