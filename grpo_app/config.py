@@ -166,6 +166,11 @@ class GRPOSettings:
         "Skip the forward/backward of completions whose advantage is 0 (exact when beta = 0: they add no gradient).",
     )
     gradient_checkpointing: bool = _f(False, "Recompute activations in backward (less memory, ~30% slower).")
+    lean_activations: bool = _f(
+        True,
+        "Keep fewer activations for backward: SwiGLU MLP and RMSNorm with their own backward (same numbers, "
+        "~38% fewer saved bytes for SmolLM2; float32 CPU Llama/Qwen2-style models only).",
+    )
     optimizer: str = _f(
         "adamw_bf16_moments",
         "adamw_bf16_moments: AdamW whose moment buffers are stored in bfloat16 (float32 math and weights; "

@@ -26,6 +26,7 @@ from .config import Config
 from .data import build_messages, stage_pool, to_rows
 from .ewc import EWCState, compute_fisher
 from .generation import SamplingParams, generate_completions, use_fast_attention
+from .lean import make_lean
 from .models import apply_lora, count_parameters, freeze_embeddings, load_model
 from .rewards import build_rewards
 from .runs import RunDir, atomic_write_json
@@ -220,6 +221,8 @@ def prepare_model(cfg: Config, device: str = "auto"):
         model = apply_lora(model, cfg.model)
     elif not cfg.model.train_embeddings:
         freeze_embeddings(model)
+    if cfg.grpo.lean_activations:
+        make_lean(model)
     use_fast_attention(model)
     model.train()
     return model, tok, spec
