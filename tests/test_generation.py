@@ -118,3 +118,26 @@ def test_two_level_inverse_cdf_equals_a_full_cumulative_search():
     edge = torch.zeros(2, 600)
     edge[:, 590] = 1.0  # all mass on one token of the last, partial block; u at both ends
     assert _inverse_cdf(edge, torch.tensor([[0.0], [0.9999999]])).tolist() == [590, 590]
+
+
+def test_bucketed_prefill_equals_one_padded_batch(tiny_model, tokenizer):
+    from grpo_app.generation import _bucketed_prefill, _length_buckets, _prefill
+
+    lengths = [3, 20, 21, 5, 40, 19, 4]
+    buckets = _length_buckets(lengths)
+    assert sorted(i for b in buckets for i in b) == list(range(len(lengths))) and len(buckets) > 1
+    for b in buckets:  # padding each bucket to its longest costs at most 10%
+        assert max(lengths[i] for i in b) * len(b) <= 1.1 * sum(lengths[i] for i in b)
+    use_fast_attention(tiny_model)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(5, 400, (n,), generator=g).tolist() for n in lengths]
+    plen = max(lengths)
+    with torch.inference_mode():
+        one, logits_one = _prefill(tiny_model, prompts, tokenizer.pad_token_id, plen)
+        split, logits_split = _bucketed_prefill(tiny_model, prompts, tokenizer.pad_token_id, plen)
+    torch.testing.assert_close(logits_split, logits_one, rtol=1e-4, atol=1e-5)
+    for a, b in zip(one.layers, split.layers):
+        assert torch.isfinite(b.keys).all() and torch.isfinite(b.values).all()  # padding: masked, never NaN
+        for i, n in enumerate(lengths):  # real positions agree
+            torch.testing.assert_close(b.keys[i, :, plen - n :], a.keys[i, :, plen - n :], rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(b.values[i, :, plen - n :], a.values[i, :, plen - n :], rtol=1e-4, atol=1e-5)
