@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
 import tempfile
 import threading
@@ -29,6 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("GRPO_APP_GSM8K_DIR", str(ROOT.parent / "shared" / "data" / "gsm8k"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from common import emit, run_child  # noqa: E402  (bench/, the script's own folder)
 
 VARIANTS = {
     "preset": [],
@@ -125,17 +126,9 @@ def main() -> None:
         return
     res = {"config": a.config, "model": "SmolLM2-135M-Instruct (embedded), fp32, embedding frozen", "variants": {}}
     for name in a.variants.split(","):
-        p = subprocess.run(
-            [sys.executable, __file__, "--config", a.config, "--child", name], capture_output=True, text=True
-        )
-        if p.returncode != 0:
-            raise SystemExit(f"{name} failed:\n{p.stderr[-4000:]}")
-        res["variants"][name] = json.loads(p.stdout.strip().splitlines()[-1])
+        res["variants"][name] = run_child(__file__, ["--config", a.config, "--child", name], name)
         print(f"# {name}: {json.dumps(res['variants'][name])}", file=sys.stderr, flush=True)
-    text = json.dumps(res, indent=2)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
+    emit(res, a.out)
 
 
 if __name__ == "__main__":

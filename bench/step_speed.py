@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,6 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("GRPO_APP_GSM8K_DIR", str(ROOT.parent / "shared" / "data" / "gsm8k"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from common import emit, run_child  # noqa: E402  (bench/, the script's own folder)
 
 G, COMPLETION = 4, 128
 
@@ -306,11 +307,7 @@ def bench_monitor(samples: int = 400) -> dict:
 
 
 def _child(mode: str, argv: list[str]) -> dict:
-    cmd = [sys.executable, __file__, "--child", mode, *argv]
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    if p.returncode != 0:
-        raise SystemExit(f"{mode} failed:\n{p.stderr[-4000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return run_child(__file__, ["--child", mode, *argv], mode)
 
 
 def main() -> None:
@@ -362,10 +359,7 @@ def main() -> None:
     if "trl" in res and "engine" in res:
         res["speedup_completions_per_s"] = round(res["engine"]["completions_per_s"] / res["trl"]["completions_per_s"], 2)
         res["speedup_tokens_per_s"] = round(res["engine"]["tokens_per_s"] / res["trl"]["tokens_per_s"], 2)
-    text = json.dumps(res, indent=2)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
+    emit(res, a.out)
 
 
 if __name__ == "__main__":

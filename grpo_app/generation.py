@@ -52,9 +52,9 @@ def _decode_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     groups = n_heads // n_kv
     if scaling is None:
         scaling = dim**-0.5
-    shared = getattr(key, "_grpo_shared", None)
-    if shared is not None:
-        return _cascade_attention(query.reshape(bsz, n_kv, groups, dim), key, value, shared, scaling), None
+    layer = getattr(key, "_grpo_layer", None)  # set by _SharedPrefixLayer on the views it returns
+    if layer is not None:
+        return _cascade_attention(query.reshape(bsz, n_kv, groups, dim), key, value, layer, scaling), None
     q = query.reshape(bsz, n_kv, groups, dim)
     scores = torch.matmul(q, key.transpose(-1, -2))  # [B, KVH, G, T]
     scores.mul_(scaling)
@@ -86,11 +86,11 @@ def _partial_attention(q, k, v, scaling, mask=None):
     return torch.matmul(s.sub_(lse).exp_(), v), lse
 
 
-def _cascade_attention(q, suffix_k, suffix_v, shared: _SharedPrefix, scaling: float) -> torch.Tensor:
-    """Decode attention of q [B, KVH, g, D] over a prompt shared by groups of rows plus each row's own
-    completion KV ([B, KVH, L, D]); returns [B, 1, KVH*g, D]."""
+def _cascade_attention(q, suffix_k, suffix_v, layer: _SharedPrefixLayer, scaling: float) -> torch.Tensor:
+    """Decode attention of q [B, KVH, g, D] over a prompt shared by groups of rows (`layer.prefix_k/v`)
+    plus each row's own completion KV ([B, KVH, L, D]); returns [B, 1, KVH*g, D]."""
     bsz, n_kv, g, dim = q.shape
-    layer = shared.layer_of(suffix_k)
+    shared = layer.shared
     u, s = shared.n_prompts, shared.slots
     # Prompt part: queries of the rows that share prompt i, attended together against its KV (read once).
     if shared.dense:
@@ -194,7 +194,6 @@ class _SharedPrefix:
         bias = torch.zeros(prompt_mask.shape, dtype=torch.float32)
         bias.masked_fill_(prompt_mask == 0, torch.finfo(torch.float32).min)
         self.prefix_bias = bias[:, None, None, :]  # [U, 1, 1, Tp], 0 = attend
-        self.layers: dict[int, _SharedPrefixLayer] = {}
         self.set_rows(row_prompt)
 
     def set_rows(self, row_prompt: torch.Tensor) -> None:
@@ -211,9 +210,6 @@ class _SharedPrefix:
             torch.equal(self.slot_of_row, torch.arange(row_prompt.numel()))
         )
 
-    def layer_of(self, suffix_k: torch.Tensor) -> _SharedPrefixLayer:
-        return suffix_k._grpo_layer
-
 
 class _SharedPrefixLayer(_PreallocLayer):
     """A layer whose prompt keys/values ([U, KVH, Tp, D], one per distinct prompt) are shared by the
@@ -227,7 +223,6 @@ class _SharedPrefixLayer(_PreallocLayer):
 
     def _refresh(self):
         super()._refresh()
-        self.keys._grpo_shared = self.shared
         self.keys._grpo_layer = self
 
     def get_seq_length(self) -> int:
@@ -441,8 +436,12 @@ def generate_completions(
         del prefill
         logits = first.index_select(0, rows)
 
-        full_mask = torch.zeros((n_rows, capacity), dtype=torch.long)
-        full_mask[:, :plen] = amask.index_select(0, rows)
+        # With the shared-prompt cache the attention masks the prompts' padding itself (every completion
+        # position is valid), so an attention mask is kept only for the plain cache.
+        full_mask = None
+        if shared is None:
+            full_mask = torch.zeros((n_rows, capacity), dtype=torch.long)
+            full_mask[:, :plen] = amask.index_select(0, rows)
         next_pos = amask.sum(-1).index_select(0, rows)  # position of the next token per row
         active = torch.arange(n_rows)  # original row index of each batch row
         alive = [True] * n_rows  # per batch row: still generating
@@ -475,19 +474,19 @@ def generate_completions(
                 keep_t = torch.tensor([j for j, a in enumerate(alive) if a], dtype=torch.long)
                 active = active.index_select(0, keep_t)
                 tok = tok.index_select(0, keep_t)
-                full_mask = full_mask.index_select(0, keep_t)
+                if full_mask is not None:
+                    full_mask = full_mask.index_select(0, keep_t)
                 next_pos = next_pos.index_select(0, keep_t)
                 for layer in cache.layers:
                     layer.batch_select_indices(keep_t)
                 if shared is not None:
                     shared.set_rows(rows.index_select(0, active))
                 alive = [True] * len(keep_t)
-            full_mask[:, cur] = 1
+            if full_mask is not None:
+                full_mask[:, cur] = 1
             out = model(
                 input_ids=tok.unsqueeze(-1),
-                # With the shared-prompt cache the attention builds its own masks (prompt padding only:
-                # every completion position is valid), so none is built here.
-                attention_mask=None if shared is not None else full_mask[:, : cur + 1],
+                attention_mask=None if full_mask is None else full_mask[:, : cur + 1],
                 position_ids=next_pos.unsqueeze(-1),
                 past_key_values=cache,
                 use_cache=True,

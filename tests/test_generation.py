@@ -73,9 +73,8 @@ def test_cascade_attention_matches_plain_attention_over_copied_prompts():
         b = rows.numel()
         q, sk, sv = torch.randn(b, n_kv, g, dim), torch.randn(b, n_kv, ts, dim), torch.randn(b, n_kv, ts, dim)
         shared = _SharedPrefix(prompt_mask, rows)
-        layer = type("L", (), {"prefix_k": pk, "prefix_v": pv})()
-        sk._grpo_layer = layer
-        got = _cascade_attention(q, sk, sv, shared, dim**-0.5)
+        layer = type("L", (), {"prefix_k": pk, "prefix_v": pv, "shared": shared})()
+        got = _cascade_attention(q, sk, sv, layer, dim**-0.5)
         k = torch.cat([pk[rows], sk], 2)
         v = torch.cat([pv[rows], sv], 2)
         mask = torch.cat([prompt_mask[rows], torch.ones(b, ts, dtype=torch.long)], 1).bool()[:, None, None, :]
