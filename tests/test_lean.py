@@ -58,3 +58,57 @@ def test_lean_leaves_lora_and_other_modules_alone(tokenizer):
     counts = make_lean(lora)
     assert counts["mlp"] == 0 and counts["norm"] == 2 * model.config.num_hidden_layers + 1
     assert make_lean(lora) == {"mlp": 0, "norm": 0}  # idempotent
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_cpu_attention_keeps_kv_heads_unrepeated_with_same_gradients(tokenizer, arch):
+    """Training attention through the project's attention function attends on the KV heads directly
+    (no repeat_kv copies kept for backward) and gives HF SDPA's outputs and gradients, with a padding
+    mask and a cached prompt prefix (the shape the trainer's shared-prefix log-probs use)."""
+    from transformers import DynamicCache
+
+    from grpo_app.generation import use_fast_attention
+
+    plain = make_tiny(tokenizer, arch).train()
+    plain.set_attn_implementation("sdpa")
+    ours = copy.deepcopy(plain)
+    use_fast_attention(ours)
+    cfg = plain.config
+    assert cfg.num_attention_heads > cfg.num_key_value_heads  # a grouped-query model
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randint(5, len(tokenizer), (2, 12), generator=gen)
+    suffix = torch.randint(5, len(tokenizer), (4, 9), generator=gen)
+    mask = torch.ones(4, 21, dtype=torch.long)
+    mask[0, :3] = 0  # left padding in the prompt of rows 0-1
+    mask[1, :3] = 0
+    mask[3, -2:] = 0  # right padding at the end of a completion
+    rows = torch.tensor([0, 0, 1, 1])
+
+    def run(model):
+        weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        shapes = []
+
+        def pack(t):
+            if t.untyped_storage().data_ptr() not in weights:
+                shapes.append(tuple(t.shape))
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            cache = DynamicCache()
+            model.model(input_ids=prompt, attention_mask=mask[[0, 2], :12], past_key_values=cache, use_cache=True)
+            for layer in cache.layers:
+                layer.keys, layer.values = layer.keys.index_select(0, rows), layer.values.index_select(0, rows)
+            out = model(input_ids=suffix, attention_mask=mask, past_key_values=cache).logits
+        loss = (out * mask[:, 12:, None]).pow(2).mean()
+        loss.backward()
+        return out, shapes
+
+    out_plain, shapes_plain = run(plain)
+    out_ours, shapes_ours = run(ours)
+    valid = mask[:, 12:].bool()
+    torch.testing.assert_close(out_ours[valid], out_plain[valid], rtol=1e-5, atol=1e-5)
+    for (name, a), (_, b) in zip(plain.named_parameters(), ours.named_parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=name)
+    repeated = (4, cfg.num_attention_heads, 21, cfg.head_dim if hasattr(cfg, "head_dim") else cfg.hidden_size // cfg.num_attention_heads)
+    assert repeated in shapes_plain  # HF keeps the KV heads repeated per query head ...
+    assert repeated not in shapes_ours  # ... this keeps them as they are
