@@ -9,7 +9,9 @@ running at that moment (and at each phase's start and end): sampling ("generate"
 `peak_rss_mb` is the kernel's high-water mark (getrusage) for the whole run, model loading included.
 
 Variants: the preset as it is; with `grpo.lean_activations=false` (HF's own MLP/RMSNorm backward);
-with `grpo.gradient_checkpointing=true` (activations recomputed in backward).
+with `grpo.gradient_checkpointing=true` (activations recomputed in backward); with `ewc.offload=false`
+(Fisher and anchor held in memory rather than read from the run folder); with `grpo.micro_batch_size=4`
+(half the completions per forward+backward).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ VARIANTS = {
     "preset": [],
     "hf_modules": ["grpo.lean_activations=false"],
     "checkpointing": ["grpo.gradient_checkpointing=true"],
+    "ewc_in_memory": ["ewc.offload=false"],
+    "micro4": ["grpo.micro_batch_size=4"],
 }
 
 

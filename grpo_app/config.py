@@ -194,6 +194,13 @@ class EWCConfig:
     )
     gamma: float = _f(1.0, "Online EWC decay: F <- gamma * F_old + F_new at each stage end (1 = running sum).")
     normalize: bool = _f(True, "Divide each stage's Fisher by its mean so lambda does not depend on model size.")
+    offload: bool = _f(
+        True,
+        "Keep the consolidated Fisher and anchor weights only in the run folder (ewc/stage-N/ewc.safetensors) and "
+        "read them back tensor by tensor when the penalty is computed (twice per optimizer step), instead of "
+        "holding them in memory: ~640 MB less resident memory for SmolLM2-135M, for reads that the OS file "
+        "cache serves (bench/memory.py measures both).",
+    )
     clip_penalty: bool = _f(
         False,
         "Include the penalty's gradient in gradient clipping (plain 'add it to the loss'). Off: the GRPO gradient "

@@ -307,9 +307,13 @@ class _Job:
             samples = _fresh_samples(self.model, self.tok, pool.problems, cfg, n, cfg.run.seed + k)
             note = "sampled (fresh: the run was resumed at this stage end)"
         fisher, stats = compute_fisher(self.model, samples)
-        self.ewc.consolidate(self.model, fisher, {"stage": k, "name": cfg.stages[k].name, "samples": stats.samples})
+        self.ewc.consolidate(
+            self.model,
+            fisher,
+            {"stage": k, "name": cfg.stages[k].name, "samples": stats.samples},
+            folder=self.run.ewc_dir / f"stage-{k}",
+        )
         del fisher
-        self.ewc.save(self.run.ewc_dir / f"stage-{k}")
         self.reporter.event(
             "fisher_done",
             stage=k,
@@ -417,7 +421,9 @@ def train(cfg: Config, run: RunDir, reporter=None, resume: bool = False) -> str:
         device=device,
         threads=torch.get_num_threads(),
     )
-    job.ewc = EWCState(cfg.ewc.lam, cfg.ewc.gamma, cfg.ewc.normalize) if cfg.ewc.enabled else None
+    job.ewc = (
+        EWCState(cfg.ewc.lam, cfg.ewc.gamma, cfg.ewc.normalize, offload=cfg.ewc.offload) if cfg.ewc.enabled else None
+    )
 
     # Where to start: a checkpoint inside stage k resumes that stage's trainer; a checkpoint at the
     # end of stage k loads its weights, then (re)does the Fisher of stage k if it was not saved.
@@ -426,7 +432,7 @@ def train(cfg: Config, run: RunDir, reporter=None, resume: bool = False) -> str:
         k0 = ck["stage_index"]
         done = ck["stage_step"] >= cfg.stages[k0].steps
         if job.ewc is not None and k0 > 0:
-            job.ewc = EWCState.load(run.ewc_dir / f"stage-{k0 - 1}", lam=cfg.ewc.lam)
+            job.ewc = EWCState.load(run.ewc_dir / f"stage-{k0 - 1}", lam=cfg.ewc.lam, offload=cfg.ewc.offload)
         dropped = run.truncate_metrics_after(ck["global_step"])
         reporter.event(
             "resumed",
@@ -440,7 +446,7 @@ def train(cfg: Config, run: RunDir, reporter=None, resume: bool = False) -> str:
             load_checkpoint_weights(job.model, Path(ck["path"]))
             if job.ewc is not None and k0 < n_stages - 1:
                 if _ewc_saved(run, k0):
-                    job.ewc = EWCState.load(run.ewc_dir / f"stage-{k0}", lam=cfg.ewc.lam)
+                    job.ewc = EWCState.load(run.ewc_dir / f"stage-{k0}", lam=cfg.ewc.lam, offload=cfg.ewc.offload)
                 else:
                     pool = stage_pool(cfg.stages[k0], cfg.data, seed=cfg.data.seed + k0)
                     job.consolidate(k0, pool, [])

@@ -117,3 +117,61 @@ def test_fisher_on_a_real_transformer_only_covers_trainable_params(tiny_model):
     assert "model.embed_tokens.weight" not in fisher
     assert all(f.shape == dict(tiny_model.named_parameters())[n].shape for n, f in fisher.items())
     assert stats.mean > 0
+
+
+def test_offloaded_state_matches_in_memory_and_holds_no_tensors(tmp_path):
+    """With offload the Fisher and anchor live only in the folder's file, read per tensor when used:
+    penalty, its gradient, online consolidation and persistence equal the in-memory state's."""
+    from grpo_app.ewc import TensorFile
+
+    m = TinyLM()
+    f1, _ = compute_fisher(m, [([0, 1], [2, 3])])
+    mem = EWCState(lam=3.0, gamma=0.5, normalize=True)
+    disk = EWCState(lam=3.0, gamma=0.5, normalize=True, offload=True)
+    mem.consolidate(m, f1)
+    disk.consolidate(m, f1, folder=tmp_path / "s0")
+    assert isinstance(disk.fisher, TensorFile) and isinstance(disk.anchor, TensorFile)
+    assert not any(isinstance(v, torch.Tensor) for v in vars(disk).values())
+    with torch.no_grad():
+        m.head.add_(0.1 * torch.randn_like(m.head))  # stage 2 moves the weights
+    f2, _ = compute_fisher(m, [([4], [1, 2])])
+    mem.consolidate(m, f2)
+    disk.consolidate(m, f2, folder=tmp_path / "s1")  # reads stage 1's file while writing stage 2's
+    assert disk.folder == tmp_path / "s1" and len(disk.stages) == 2
+    for n in mem.fisher:
+        assert torch.equal(disk.fisher[n], mem.fisher[n]) and disk.fisher[n].dtype == torch.bfloat16
+        assert torch.equal(disk.anchor[n], mem.anchor[n])
+    with torch.no_grad():
+        m.emb.add_(0.05 * torch.randn_like(m.emb))
+    for st in (mem, disk):
+        m.zero_grad()
+        st.penalty(m).backward()
+        st.grads = {n: p.grad.clone() for n, p in m.named_parameters()}
+        m.zero_grad()
+        st.add_penalty_grad(m)
+        st.added = {n: p.grad.clone() for n, p in m.named_parameters()}
+    assert mem.penalty_value(m) > 0
+    assert disk.penalty_value(m) == pytest.approx(mem.penalty_value(m), rel=1e-6)
+    for n in mem.grads:
+        torch.testing.assert_close(disk.grads[n], mem.grads[n])
+        torch.testing.assert_close(disk.added[n], mem.added[n])
+    # persistence: the state saved from memory and the offloaded one load to the same tensors
+    mem.save(tmp_path / "copy")
+    for folder in (tmp_path / "copy", tmp_path / "s1"):
+        back = EWCState.load(folder, offload=True)
+        assert back.gamma == 0.5 and len(back.stages) == 2
+        for n in mem.fisher:
+            assert torch.equal(back.fisher[n], mem.fisher[n]) and torch.equal(back.anchor[n], mem.anchor[n])
+    disk.save(tmp_path / "copy2")  # an offloaded state saved elsewhere is copied tensor by tensor
+    assert torch.equal(EWCState.load(tmp_path / "copy2").anchor["head"], mem.anchor["head"])
+
+
+def test_truncated_offloaded_file_gives_a_clear_error(tmp_path):
+    m = TinyLM()
+    f, _ = compute_fisher(m, [([0], [1])])
+    st = EWCState(lam=1.0, offload=True)
+    st.consolidate(m, f, folder=tmp_path)
+    path = tmp_path / "ewc.safetensors"
+    path.write_bytes(path.read_bytes()[:-8])
+    with pytest.raises(ValueError, match="truncated"):
+        st.penalty_value(m)
