@@ -328,8 +328,70 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _several_processes() -> int:
-    """World size when started by `accelerate launch` / `torchrun` (1 otherwise)."""
+def _train_in_processes(args) -> int:
+    """`train` / `resume` as one of several processes started by `torchrun` / `accelerate launch`.
+
+    Rank 0 creates (or reopens) the run folder, shows progress and owns every file in the run; the other
+    processes receive the folder from it and train their replica there (see grpo_app/distributed.py)."""
+    import signal
+    import traceback
+
+    from . import distributed
+    from .config import ConfigError, load_config
+    from .engine import train
+    from .models import pick_device
+    from .runs import RunDir, RunManager, runs_root
+
+    main = distributed.is_main()
+    resume = args.func is cmd_resume
+    cfg = None
+    if not resume:
+        try:  # the same arguments on every process: a bad config fails everywhere, before any collective
+            overrides = list(args.set or [])
+            if args.name:
+                overrides.append(f"run.name={args.name}")
+            cfg = load_config(args.config, overrides)
+        except ConfigError as e:
+            if main:
+                print("Invalid configuration:\n" + "\n".join(f"  {p}: {m}" for p, m in e.errors), file=sys.stderr)
+            return 2
+        device = pick_device(cfg.model.device)
+    else:
+        device = "auto"
+    distributed.init(device)
+    if not main:
+        path = distributed.broadcast(None)
+        if path is None:
+            return 2  # rank 0 said why
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches every process; rank 0 decides the stop
+        run = RunDir(Path(path))
+        try:
+            status = train(run.config(), run, resume=resume)
+        except Exception:
+            traceback.print_exc()
+            return 1
+        return 0 if status in ("completed", "stopped") else 1
+
+    def share(run):
+        distributed.broadcast(str(run.path))
+
+    try:
+        if resume:
+            manager = RunManager(args.runs_dir or runs_root())
+            run = manager.resume(args.run_id, before_launch=share)
+        else:
+            manager = RunManager(runs_root(cfg.run.output_dir))
+            run = manager.start(cfg, before_launch=share)
+    except Exception as e:
+        distributed.broadcast(None)  # the other processes are waiting for a run folder: tell them there is none
+        print(f"Cannot {'resume' if resume else 'start'}: {e}", file=sys.stderr)
+        return 2
+    print(f"{'Resuming' if resume else 'Run'} {run.id} -> {run.path} ({distributed.world_size()} processes)")
+    return _finish(run, _watch(manager, run))
+
+
+def _launched_processes() -> int:
+    """WORLD_SIZE set by `torchrun` / `accelerate launch` (1 otherwise); read without importing torch."""
     try:
         return int(os.environ.get("WORLD_SIZE", "1"))
     except ValueError:
@@ -338,16 +400,8 @@ def _several_processes() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    world = _several_processes()
-    if world > 1 and args.func in (cmd_train, cmd_resume):
-        # Each process would write its own run folder and estimate its own Fisher: refuse rather than
-        # produce a run that looks fine and is not. One GPU (or one CPU) per run is what is supported.
-        print(
-            f"Training in {world} processes (accelerate launch / torchrun) is not supported: the run folder, the "
-            "Fisher pass and the metrics are single-process. Start it with plain `python -m grpo_app train ...`; "
-            "it uses one GPU when one is visible (CUDA_VISIBLE_DEVICES picks which).",
-            file=sys.stderr,
-        )
-        return 2
+    if _launched_processes() > 1 and args.func in (cmd_train, cmd_resume):
+        _quiet_libraries()
+        return _train_in_processes(args)
     _quiet_libraries()
     return args.func(args)

@@ -68,7 +68,7 @@ class ModelConfig:
         "(mixed precision). float32, or bfloat16 (weights and compute; GPUs, CPUs with AMX).",
     )
     device: str = _f("auto", "auto (GPU if present, else CPU), cpu or cuda.")
-    threads: int = _f(0, "Torch threads on CPU; 0 = one per physical core.")
+    threads: int = _f(0, "Torch threads on CPU; 0 = one per physical core (split between the processes of a torchrun run).")
     lora: bool = _f(False, "Train LoRA adapters instead of all weights (less memory, slower to learn).")
     lora_r: int = _f(16, "LoRA rank.")
     lora_alpha: int = _f(32, "LoRA scaling alpha.")

@@ -22,6 +22,7 @@ import psutil
 import torch
 from transformers import TrainerCallback
 
+from . import distributed
 from .config import Config
 from .data import build_messages, stage_pool, to_rows
 from .ewc import EWCState, compute_fisher
@@ -120,7 +121,7 @@ class _EngineCallback(TrainerCallback):
     def on_step_end(self, args, state, control, **kw):
         if state.global_step >= args.max_steps:
             control.should_save = True  # every stage ends with a checkpoint (resume and the Fisher rely on it)
-        if self.reporter.should_stop():
+        if distributed.any_true(self.reporter.should_stop()):  # every process stops at the same step
             self.stopped = True
             control.should_training_stop = True
             control.should_save = True
@@ -307,12 +308,23 @@ class _Job:
             samples = _fresh_samples(self.model, self.tok, pool.problems, cfg, n, cfg.run.seed + k)
             note = "sampled (fresh: the run was resumed at this stage end)"
         fisher, stats = compute_fisher(self.model, samples)
-        self.ewc.consolidate(
-            self.model,
-            fisher,
-            {"stage": k, "name": cfg.stages[k].name, "samples": stats.samples},
-            folder=self.run.ewc_dir / f"stage-{k}",
-        )
+        folder = self.run.ewc_dir / f"stage-{k}"
+        if distributed.active():
+            # One Fisher for every replica: the mean of the processes' estimates (each on its own samples),
+            # consolidated and written by rank 0, then read by the others.
+            distributed.average_(fisher)
+            stats.samples *= distributed.world_size()
+            stats.mean = sum(f.double().sum().item() for f in fisher.values()) / sum(f.numel() for f in fisher.values())
+            stats.max = max(f.max().item() for f in fisher.values())
+            if distributed.is_main():
+                self.ewc.consolidate(self.model, fisher, {"stage": k, "name": cfg.stages[k].name, "samples": stats.samples}, folder=folder)
+            distributed.barrier()
+            if not distributed.is_main():
+                self.ewc = EWCState.load(folder, lam=cfg.ewc.lam, offload=cfg.ewc.offload)
+        else:
+            self.ewc.consolidate(
+                self.model, fisher, {"stage": k, "name": cfg.stages[k].name, "samples": stats.samples}, folder=folder
+            )
         del fisher
         self.reporter.event(
             "fisher_done",
@@ -389,7 +401,8 @@ class _Job:
         trainer.reward_weights = torch.tensor(self.weights, dtype=torch.float32)
         box["t"] = trainer
         trainer.train(resume_from_checkpoint=resume_from)
-        run.prune_checkpoints(self.cfg.run.keep_checkpoints)
+        if distributed.is_main():
+            run.prune_checkpoints(self.cfg.run.keep_checkpoints)
         recent = list(trainer.recent_samples)
         del trainer, box["t"]
         restore_forward(self.model)
@@ -433,7 +446,7 @@ def train(cfg: Config, run: RunDir, reporter=None, resume: bool = False) -> str:
         done = ck["stage_step"] >= cfg.stages[k0].steps
         if job.ewc is not None and k0 > 0:
             job.ewc = EWCState.load(run.ewc_dir / f"stage-{k0 - 1}", lam=cfg.ewc.lam, offload=cfg.ewc.offload)
-        dropped = run.truncate_metrics_after(ck["global_step"])
+        dropped = run.truncate_metrics_after(ck["global_step"]) if distributed.is_main() else 0
         reporter.event(
             "resumed",
             stage=k0,
@@ -467,10 +480,12 @@ def train(cfg: Config, run: RunDir, reporter=None, resume: bool = False) -> str:
         reporter.event("stage_end", stage=k, name=cfg.stages[k].name, step=offset)
         if job.ewc is not None and k < n_stages - 1:
             job.consolidate(k, pool, recent)
-            if reporter.should_stop():  # asked during the Fisher pass: stop at this stage boundary
+            if distributed.any_true(reporter.should_stop()):  # asked during the Fisher pass: stop at this boundary
                 reporter.event("stopped", stage=k, step=offset, checkpoint="end of stage")
                 return "stopped"
 
+    if distributed.active():
+        reporter.event("replicas_checked", **distributed.check_replicas(job.model))
     reporter.status(phase="saving final model")
     info = {
         "run_id": run.id,
@@ -479,7 +494,11 @@ def train(cfg: Config, run: RunDir, reporter=None, resume: bool = False) -> str:
         "stages": [asdict(s) for s in cfg.stages],
         "trained_seconds": round(time.time() - job.t_start, 1),
     }
+    if not distributed.is_main():  # rank 0 saves the model and evaluates it
+        distributed.barrier()
+        return "completed"
     path = save_final(job.model, job.tok, run, info)
+    distributed.barrier()
     reporter.event("final_saved", path=str(path))
     if cfg.run.eval_n > 0:
         from .evaluation import evaluate_run_vs_base

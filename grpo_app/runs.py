@@ -455,19 +455,22 @@ class RunManager:
         return snap
 
     # ---- lifecycle ----------------------------------------------------------------------------
-    def start(self, cfg: Config) -> RunDir:
+    def start(self, cfg: Config, before_launch=None) -> RunDir:
+        """Create a run folder for `cfg` and train in a background thread (`before_launch(run)` runs first)."""
         cfg.validate()
         with self._lock:
             self._claim()
             try:
                 run = RunDir.create(self.root, cfg)
+                if before_launch is not None:
+                    before_launch(run)
             except Exception:
                 self._file_lock.release()
                 raise
             self._launch(run, resume=False)
             return run
 
-    def resume(self, run_id: str) -> RunDir:
+    def resume(self, run_id: str, before_launch=None) -> RunDir:
         run_id = validate_run_id(run_id)
         run = RunDir(self.root / run_id)
         if not run.config_path.is_file():
@@ -479,6 +482,12 @@ class RunManager:
             if run.latest_checkpoint() is None:
                 raise ValueError(f"run '{run_id}' has no complete checkpoint to resume from; start it again.")
             self._claim()
+            try:
+                if before_launch is not None:
+                    before_launch(run)
+            except Exception:
+                self._file_lock.release()
+                raise
             self._launch(run, resume=True)
             return run
 

@@ -15,6 +15,7 @@ logging, checkpoints, resume — is TRL's own code):
 4. With beta = 0 and no entropy bonus, a completion whose advantage is 0 contributes exactly 0 to
    the loss and its gradient; its forward/backward is skipped and the loss is rescaled so the
    result is identical (dapo needs no rescale: its normalizer counts the whole generation batch).
+   Single process only: TRL gathers per-row tensors across processes, which needs equal row counts.
 5. The EWC penalty lambda/2 * sum F (theta - theta*)^2 is added to the loss once per optimizer
    step and logged as `ewc_penalty`. With `ewc_after_clip` (the default) its gradient is added to
    the parameters' gradients after clipping, just before the optimizer step.
@@ -188,7 +189,8 @@ class CurriculumGRPOTrainer(GRPOTrainer):
             top_p=self.top_p if self.top_p is not None else 1.0,
             top_k=self.opts.top_k,
             stop_at_answer=self.opts.stop_at_answer,
-            seed=self.args.seed * 1_000_003 + self.state.global_step,
+            # each process samples its own prompts with its own stream
+            seed=self.args.seed * 1_000_003 + self.state.global_step + 7919 * self.accelerator.process_index,
         )
         with lora_merged(model, self.opts.merge_lora):
             out = generate_completions(
@@ -230,10 +232,17 @@ class CurriculumGRPOTrainer(GRPOTrainer):
             return
         g = self.num_generations
         n = len(generation_batch)
-        prompts = list(self._logs["prompt"])[-n:]
-        comps = list(self._logs["completion"])[-n:]
-        rewards = {name: list(v)[-n:] for name, v in self._logs["rewards"].items()}
-        adv = list(self._logs["advantages"])[-n:]
+        # TRL's logs hold the whole generation batch of every process, in process order: take this one's part.
+        lo = n * (self.accelerator.num_processes - self.accelerator.process_index)
+
+        def mine(seq):
+            seq = list(seq)
+            return seq[len(seq) - lo : len(seq) - lo + n]
+
+        prompts = mine(self._logs["prompt"])
+        comps = mine(self._logs["completion"])
+        rewards = {name: mine(v) for name, v in self._logs["rewards"].items()}
+        adv = mine(self._logs["advantages"])
         weights = dict(zip(self.reward_func_names, self.reward_weights.tolist()))
 
         def text(x):
@@ -347,6 +356,9 @@ class CurriculumGRPOTrainer(GRPOTrainer):
             and self.loss_type in ("dapo", "grpo", "dr_grpo", "bnpo")
             and "tool_mask" not in inputs
             and inputs["advantages"].dim() == 1
+            # TRL gathers per-row tensors across processes, which needs the same rows on each, and DDP needs
+            # every parameter in each backward: with several processes every row is computed.
+            and self.accelerator.num_processes == 1
         )
         loss = None
         if can_skip:
@@ -391,14 +403,21 @@ class CurriculumGRPOTrainer(GRPOTrainer):
         final_root = Path(super()._get_output_dir(trial))
         name = f"checkpoint-{self.state.global_step}"
         staging = final_root / ".staging"
-        if staging.exists():
-            shutil.rmtree(staging)
-        staging.mkdir(parents=True)
+        main = self.accelerator.is_main_process
+        if main:
+            if staging.exists():
+                shutil.rmtree(staging)
+            staging.mkdir(parents=True)
+        self.accelerator.wait_for_everyone()  # (every process writes its RNG state into the staging folder)
         self._staging_dir = str(staging)
         try:
             super()._save_checkpoint(model, trial)
         finally:
             self._staging_dir = None
+        self.accelerator.wait_for_everyone()
+        if not main:
+            self.accelerator.wait_for_everyone()  # rank 0 publishes the checkpoint
+            return
         folder = staging / name
         if self.checkpoint_hook is not None:
             self.checkpoint_hook(folder, self)
@@ -408,3 +427,4 @@ class CurriculumGRPOTrainer(GRPOTrainer):
             shutil.rmtree(target)
         os.replace(folder, target)
         shutil.rmtree(staging, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
