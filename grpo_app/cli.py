@@ -372,8 +372,11 @@ def _train_in_processes(args) -> int:
             return 1
         return 0 if status in ("completed", "stopped") else 1
 
+    shared = []
+
     def share(run):
         distributed.broadcast(str(run.path))
+        shared.append(run)
 
     try:
         if resume:
@@ -383,7 +386,8 @@ def _train_in_processes(args) -> int:
             manager = RunManager(runs_root(cfg.run.output_dir))
             run = manager.start(cfg, before_launch=share)
     except Exception as e:
-        distributed.broadcast(None)  # the other processes are waiting for a run folder: tell them there is none
+        if not shared:  # the other processes are waiting for a run folder: tell them there is none
+            distributed.broadcast(None)
         print(f"Cannot {'resume' if resume else 'start'}: {e}", file=sys.stderr)
         return 2
     print(f"{'Resuming' if resume else 'Run'} {run.id} -> {run.path} ({distributed.world_size()} processes)")

@@ -316,15 +316,12 @@ class _Job:
             stats.samples *= distributed.world_size()
             stats.mean = sum(f.double().sum().item() for f in fisher.values()) / sum(f.numel() for f in fisher.values())
             stats.max = max(f.max().item() for f in fisher.values())
-            if distributed.is_main():
-                self.ewc.consolidate(self.model, fisher, {"stage": k, "name": cfg.stages[k].name, "samples": stats.samples}, folder=folder)
-            distributed.barrier()
-            if not distributed.is_main():
-                self.ewc = EWCState.load(folder, lam=cfg.ewc.lam, offload=cfg.ewc.offload)
-        else:
-            self.ewc.consolidate(
-                self.model, fisher, {"stage": k, "name": cfg.stages[k].name, "samples": stats.samples}, folder=folder
-            )
+        info = {"stage": k, "name": cfg.stages[k].name, "samples": stats.samples}
+        if distributed.is_main():
+            self.ewc.consolidate(self.model, fisher, info, folder=folder)
+        distributed.barrier()
+        if not distributed.is_main():
+            self.ewc = EWCState.load(folder, lam=cfg.ewc.lam, offload=cfg.ewc.offload)
         del fisher
         self.reporter.event(
             "fisher_done",
