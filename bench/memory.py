@@ -11,7 +11,7 @@ running at that moment (and at each phase's start and end): sampling ("generate"
 Variants: the preset as it is; with `grpo.lean_activations=false` (HF's own MLP/RMSNorm backward);
 with `grpo.gradient_checkpointing=true` (activations recomputed in backward); with `ewc.offload=false`
 (Fisher and anchor held in memory rather than read from the run folder); with `grpo.micro_batch_size=4`
-(half the completions per forward+backward).
+(half the completions per forward+backward); with both checkpointing and micro-batches of 4.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ VARIANTS = {
     "checkpointing": ["grpo.gradient_checkpointing=true"],
     "ewc_in_memory": ["ewc.offload=false"],
     "micro4": ["grpo.micro_batch_size=4"],
+    "checkpointing_micro4": ["grpo.gradient_checkpointing=true", "grpo.micro_batch_size=4"],
 }
 
 
