@@ -175,3 +175,29 @@ def test_truncated_offloaded_file_gives_a_clear_error(tmp_path):
     path.write_bytes(path.read_bytes()[:-8])
     with pytest.raises(ValueError, match="truncated"):
         st.penalty_value(m)
+
+
+def test_fisher_of_a_real_decoder_with_tied_weights_equals_squared_autograd_gradients(tokenizer):
+    """compute_fisher folds each gradient into the Fisher as backward produces it; the result must be the
+    mean of the squared per-sample gradients autograd returns, the tied embedding/LM-head summed."""
+    from grpo_app.ewc import sequence_logprob, trainable_parameters
+
+    from .conftest import make_tiny
+
+    model = make_tiny(tokenizer)
+    assert model.get_input_embeddings().weight is model.get_output_embeddings().weight
+    samples = [([5, 6, 7], [8, 9]), ([10, 11], [12, 13, 14])]
+    params = trainable_parameters(model)
+    expect = {n: torch.zeros_like(p) for n, p in params}
+    for prompt, completion in samples:
+        grads = torch.autograd.grad(sequence_logprob(model, prompt, completion), [p for _, p in params])
+        for (n, _), g in zip(params, grads):
+            expect[n] += g.pow(2) / len(samples)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)  # leftovers of a training step are dropped, not folded in
+    fisher, stats = compute_fisher(model, samples)
+    assert stats.samples == 2 and all(p.grad is None for p in model.parameters())
+    for n, f in fisher.items():
+        torch.testing.assert_close(f, expect[n], rtol=1e-5, atol=1e-12, msg=n)
+    assert fisher["model.embed_tokens.weight"].abs().sum() > 0
+    assert not any(p._backward_hooks for p in model.parameters())  # the folding hooks are removed
