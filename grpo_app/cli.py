@@ -59,8 +59,10 @@ def _resolve_model_arg(name: str) -> str:
     return name
 
 
-def _watch(manager, run) -> str:
-    """Render progress of the manager's job until it ends; Ctrl-C asks for a clean stop."""
+def _watch(manager, run, second_interrupt_aborts: bool = True) -> str:
+    """Render progress of the manager's job until it ends; Ctrl-C asks for a clean stop (a second one
+    aborts, unless `second_interrupt_aborts` is off: under torchrun the launcher forwards each Ctrl-C
+    once more, and kills the processes itself if they have not stopped within its grace period)."""
     from tqdm import tqdm
 
     cfg = run.config()
@@ -87,10 +89,15 @@ def _watch(manager, run) -> str:
                     break
                 time.sleep(0.5)
             except KeyboardInterrupt:
-                if interrupted:
+                if interrupted and second_interrupt_aborts:
                     raise
+                if interrupted:
+                    continue
                 interrupted = True
-                bar.write("Stopping at the next step boundary (a checkpoint is saved); Ctrl-C again to abort.")
+                bar.write(
+                    "Stopping at the next step boundary (a checkpoint is saved); "
+                    + ("Ctrl-C again to abort." if second_interrupt_aborts else "torchrun ends the processes after 30 s.")
+                )
                 manager.stop()
     finally:
         bar.close()
@@ -391,7 +398,7 @@ def _train_in_processes(args) -> int:
         print(f"Cannot {'resume' if resume else 'start'}: {e}", file=sys.stderr)
         return 2
     print(f"{'Resuming' if resume else 'Run'} {run.id} -> {run.path} ({distributed.world_size()} processes)")
-    return _finish(run, _watch(manager, run))
+    return _finish(run, _watch(manager, run, second_interrupt_aborts=False))
 
 
 def _launched_processes() -> int:

@@ -132,3 +132,35 @@ def test_a_stopped_run_resumes_in_two_processes(tmp_path, env, varied_reward):
     ev = run.events()
     assert next(e for e in ev if e["event"] == "resumed")["step"] == stopped_at
     assert next(e for e in ev if e["event"] == "replicas_checked")["processes"] == 2
+
+
+def test_ctrl_c_stops_both_processes_at_one_step_with_a_checkpoint(tmp_path, env):
+    """Ctrl-C in a terminal sends SIGINT to torchrun and both processes (torchrun then forwards another
+    and allows 30 s): rank 0 stops both at the next step boundary; the checkpoint holds both RNG states."""
+    import signal
+    import time
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "tests/dist_cli.py",
+           "train", "-c", "tests/configs/tiny.yaml", "-s", f"run.output_dir={tmp_path}", "-s", "stages[0].steps=200",
+           "-s", "rewards.weights={correctness: 1.0, text_length: 1.0}", "-s", "run.save_every=0"]
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    try:
+        t = time.time()
+        metrics = []
+        while len(metrics) < 3 and time.time() - t < 300:
+            metrics = list(tmp_path.glob("*/metrics.jsonl"))
+            metrics = metrics and metrics[0].read_text().splitlines()
+            time.sleep(0.2)
+        assert len(metrics) >= 3, p.stdout.read() if p.poll() is not None else "no metrics"
+        os.killpg(p.pid, signal.SIGINT)
+        p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    run = next(d for d in tmp_path.iterdir() if d.is_dir())
+    assert json.loads((run / "status.json").read_text())["status"] == "stopped"
+    stopped = next(e for e in events(run) if e["event"] == "stopped")
+    ck = run / "checkpoints" / "stage-0" / stopped["checkpoint"]
+    assert stopped["step"] < 200 and (ck / "COMPLETE").is_file()
+    assert (ck / "rng_state_0.pth").is_file() and (ck / "rng_state_1.pth").is_file()
