@@ -44,6 +44,11 @@ def rank() -> int:
     return _env_int("RANK", 0)
 
 
+def local_processes() -> int:
+    """Processes the launcher started on this machine (1 without a launcher)."""
+    return max(1, _env_int("LOCAL_WORLD_SIZE", 1))
+
+
 def is_main() -> bool:
     return rank() == 0
 

@@ -309,13 +309,7 @@ class _Job:
             note = "sampled (fresh: the run was resumed at this stage end)"
         fisher, stats = compute_fisher(self.model, samples)
         folder = self.run.ewc_dir / f"stage-{k}"
-        if distributed.active():
-            # One Fisher for every replica: the mean of the processes' estimates (each on its own samples),
-            # consolidated and written by rank 0, then read by the others.
-            distributed.average_(fisher)
-            stats.samples *= distributed.world_size()
-            stats.mean = sum(f.double().sum().item() for f in fisher.values()) / sum(f.numel() for f in fisher.values())
-            stats.max = max(f.max().item() for f in fisher.values())
+        # (with several processes the Fisher is already their mean: rank 0 writes it, the others read it)
         info = {"stage": k, "name": cfg.stages[k].name, "samples": stats.samples}
         if distributed.is_main():
             self.ewc.consolidate(self.model, fisher, info, folder=folder)

@@ -37,6 +37,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from . import distributed
+
 
 def trainable_parameters(model) -> list[tuple[str, torch.nn.Parameter]]:
     seen, out = set(), []
@@ -119,11 +121,14 @@ def compute_fisher(
         raise InterruptedError("stopped before any Fisher sample")
     for f in fisher.values():
         f.div_(used)
+    # Several training processes: one Fisher for every replica, the mean of their estimates (each on its
+    # own samples), so that every replica applies the same penalty.
+    distributed.average_(fisher)
     total = sum(f.sum().item() for f in fisher.values())
     count = sum(f.numel() for f in fisher.values())
     per_tensor = sorted(((n, f.mean().item()) for n, f in fisher.items()), key=lambda x: -x[1])
     stats = FisherStats(
-        samples=used,
+        samples=used * distributed.world_size(),
         seconds=time.perf_counter() - t0,
         mean=total / max(count, 1),
         max=max(f.max().item() for f in fisher.values()),
@@ -380,18 +385,9 @@ class EWCState:
         meta = json.loads((folder / "ewc.json").read_text())
         st = cls(lam if lam is not None else meta["lam"], meta["gamma"], meta["normalize"], offload=offload)
         st.stages = meta.get("stages", [])
-        if offload:
-            st._attach(folder)
-            return st
-        from safetensors.torch import load_file
-
-        tensors = load_file(str(folder / "ewc.safetensors"))
-        fisher, anchor = {}, {}
-        for key, t in tensors.items():
-            kind, name = key.split("::", 1)
-            if kind == "fisher":
-                fisher[name] = t.to(FISHER_DTYPE)
-            else:
-                anchor[name] = t.float()
-        st.fisher, st.anchor = fisher, anchor
+        st._attach(folder)
+        if not offload:
+            st.fisher = {n: t.to(FISHER_DTYPE) for n, t in st.fisher.items()}
+            st.anchor = {n: t.float() for n, t in st.anchor.items()}
+            st.folder = None
         return st

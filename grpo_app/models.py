@@ -148,11 +148,9 @@ def physical_cores() -> int:
 def set_threads(n: int = 0) -> int:
     """Torch's CPU threads: `n`, or 0 = one per physical core, split between the processes a launcher
     (torchrun / accelerate launch) started on this machine."""
-    try:
-        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        local = 1
-    n = n or max(1, physical_cores() // local)
+    from .distributed import local_processes
+
+    n = n or max(1, physical_cores() // local_processes())
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
     return n

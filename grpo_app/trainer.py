@@ -415,16 +415,14 @@ class CurriculumGRPOTrainer(GRPOTrainer):
         finally:
             self._staging_dir = None
         self.accelerator.wait_for_everyone()
-        if not main:
-            self.accelerator.wait_for_everyone()  # rank 0 publishes the checkpoint
-            return
-        folder = staging / name
-        if self.checkpoint_hook is not None:
-            self.checkpoint_hook(folder, self)
-        (folder / "COMPLETE").write_text(str(time.time()))
-        target = final_root / name
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(folder, target)
-        shutil.rmtree(staging, ignore_errors=True)
+        if main:  # rank 0 publishes the checkpoint
+            folder = staging / name
+            if self.checkpoint_hook is not None:
+                self.checkpoint_hook(folder, self)
+            (folder / "COMPLETE").write_text(str(time.time()))
+            target = final_root / name
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(folder, target)
+            shutil.rmtree(staging, ignore_errors=True)
         self.accelerator.wait_for_everyone()
