@@ -231,7 +231,12 @@ def main() -> None:
     result: dict = {
         "config": a.config,
         "overrides": a.set,
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__},
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        },
         "models": list(models),
         "runs": trained,
         "eval": {},

@@ -199,7 +199,7 @@ class EWCConfig:
         "Keep the consolidated Fisher and anchor weights only in the run folder (ewc/stage-N/ewc.safetensors) and "
         "read them back tensor by tensor when the penalty is computed (twice per optimizer step), instead of "
         "holding them in memory: ~640 MB less resident memory for SmolLM2-135M, for reads that the OS file "
-        "cache serves (bench/memory.py measures both).",
+        "cache serves (bench/memory.py measures both). CPU only: on a GPU the state stays in GPU memory.",
     )
     clip_penalty: bool = _f(
         False,

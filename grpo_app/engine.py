@@ -294,6 +294,15 @@ class _Job:
         self.ewc: EWCState | None = None
         self.rewards, self.weights = build_rewards(cfg.rewards.weights)
 
+    def ewc_offload(self) -> bool:
+        """`ewc.offload` saves CPU memory; on a GPU the state stays in the GPU's memory next to the weights
+        (reading it from disk and copying it over twice a step would only cost time)."""
+        return self.cfg.ewc.offload and next(self.model.parameters()).device.type == "cpu"
+
+    def load_ewc(self, folder: Path) -> EWCState:
+        device = next(self.model.parameters()).device
+        return EWCState.load(folder, lam=self.cfg.ewc.lam, offload=self.ewc_offload(), device=device)
+
     # -- the Fisher at a stage end ----------------------------------------------------------------
     def consolidate(self, k: int, pool, recent: list) -> None:
         cfg = self.cfg
@@ -315,7 +324,7 @@ class _Job:
             self.ewc.consolidate(self.model, fisher, info, folder=folder)
         distributed.barrier()
         if not distributed.is_main():
-            self.ewc = EWCState.load(folder, lam=cfg.ewc.lam, offload=cfg.ewc.offload)
+            self.ewc = self.load_ewc(folder)
         del fisher
         self.reporter.event(
             "fisher_done",
@@ -335,6 +344,7 @@ class _Job:
         stage = cfg.stages[k]
         pool = stage_pool(stage, cfg.data, seed=cfg.data.seed + k)
         active_ewc = self.ewc if (self.ewc is not None and self.ewc.active) else None
+        args = grpo_args(cfg, k, run.checkpoints_dir / f"stage-{k}", device)
         reporter.event(
             "stage_start",
             stage=k,
@@ -344,6 +354,8 @@ class _Job:
             problems=len(pool.problems),
             steps=stage.steps,
             ewc=active_ewc is not None,
+            device=device,
+            precision="bfloat16 autocast" if args.bf16 else "float32",
         )
         reporter.status(stage=k, stage_name=stage.name, phase=f"stage {k + 1}/{len(cfg.stages)}: {stage.name}")
         from datasets import Dataset
@@ -371,7 +383,7 @@ class _Job:
             model=self.model,
             processing_class=self.tok,
             reward_funcs=self.rewards,
-            args=grpo_args(cfg, k, run.checkpoints_dir / f"stage-{k}", device),
+            args=args,
             train_dataset=dataset,
             callbacks=[cb],
             ewc=active_ewc,
@@ -426,7 +438,7 @@ def train(cfg: Config, run: RunDir, reporter=None, resume: bool = False) -> str:
         threads=torch.get_num_threads(),
     )
     job.ewc = (
-        EWCState(cfg.ewc.lam, cfg.ewc.gamma, cfg.ewc.normalize, offload=cfg.ewc.offload) if cfg.ewc.enabled else None
+        EWCState(cfg.ewc.lam, cfg.ewc.gamma, cfg.ewc.normalize, offload=job.ewc_offload()) if cfg.ewc.enabled else None
     )
 
     # Where to start: a checkpoint inside stage k resumes that stage's trainer; a checkpoint at the
@@ -436,7 +448,7 @@ def train(cfg: Config, run: RunDir, reporter=None, resume: bool = False) -> str:
         k0 = ck["stage_index"]
         done = ck["stage_step"] >= cfg.stages[k0].steps
         if job.ewc is not None and k0 > 0:
-            job.ewc = EWCState.load(run.ewc_dir / f"stage-{k0 - 1}", lam=cfg.ewc.lam, offload=cfg.ewc.offload)
+            job.ewc = job.load_ewc(run.ewc_dir / f"stage-{k0 - 1}")
         dropped = run.truncate_metrics_after(ck["global_step"]) if distributed.is_main() else 0
         reporter.event(
             "resumed",
@@ -450,7 +462,7 @@ def train(cfg: Config, run: RunDir, reporter=None, resume: bool = False) -> str:
             load_checkpoint_weights(job.model, Path(ck["path"]))
             if job.ewc is not None and k0 < n_stages - 1:
                 if _ewc_saved(run, k0):
-                    job.ewc = EWCState.load(run.ewc_dir / f"stage-{k0}", lam=cfg.ewc.lam, offload=cfg.ewc.offload)
+                    job.ewc = job.load_ewc(run.ewc_dir / f"stage-{k0}")
                 else:
                     pool = stage_pool(cfg.stages[k0], cfg.data, seed=cfg.data.seed + k0)
                     job.consolidate(k0, pool, [])

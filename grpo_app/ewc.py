@@ -146,8 +146,8 @@ class _EWCPenaltyFn(torch.autograd.Function):
         ctx.save_for_backward(*params)
         total = torch.zeros((), dtype=torch.float64, device=params[0].device)
         for n, p in zip(names, params):
-            d = p.detach().float() - anchor[n]
-            total += torch.dot((d * fisher[n]).flatten(), d.flatten()).double()
+            d = p.detach().float() - anchor[n].to(p.device)
+            total += torch.dot((d * fisher[n].to(p.device)).flatten(), d.flatten()).double()
         return (0.5 * lam * total).to(params[0].dtype if params[0].is_floating_point() else torch.float32)
 
     @staticmethod
@@ -155,7 +155,8 @@ class _EWCPenaltyFn(torch.autograd.Function):
         params = ctx.saved_tensors
         grads = []
         for n, p in zip(ctx.names, params):
-            grads.append((p.detach().float() - ctx.anchor[n]).mul_(ctx.fisher[n]).mul_(grad_out * ctx.lam).to(p.dtype))
+            d = p.detach().float() - ctx.anchor[n].to(p.device)
+            grads.append(d.mul_(ctx.fisher[n].to(p.device)).mul_(grad_out * ctx.lam).to(p.dtype))
         return (None, None, None, None, *grads)
 
 
@@ -165,7 +166,7 @@ _ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
 
 
 def _bytes_of(t: torch.Tensor) -> memoryview:
-    return memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy())
+    return memoryview(t.contiguous().reshape(-1).view(torch.uint8).cpu().numpy())  # .cpu(): same memory on the CPU
 
 
 class TensorFile(Mapping):
@@ -295,7 +296,7 @@ class EWCState:
         def fisher_of(name: str) -> torch.Tensor:
             f = new_fisher[name].float() * scale if name in new_fisher else None
             if name in old:
-                prev = old[name].to(torch.float32, copy=True)
+                prev = old[name].to(f.device if f is not None else None, torch.float32, copy=True)
                 f = prev if f is None else prev.mul_(self.gamma).add_(f)
             return f.to(FISHER_DTYPE)
 
@@ -351,7 +352,8 @@ class EWCState:
         names, params = self._aligned(model)
         for n in names:
             p = params[n]
-            g = (p.detach().float() - self.anchor[n]).mul_(self.fisher[n]).mul_(self.lam).to(p.dtype)
+            g = (p.detach().float() - self.anchor[n].to(p.device)).mul_(self.fisher[n].to(p.device))
+            g = g.mul_(self.lam).to(p.dtype)
             if p.grad is None:
                 p.grad = g
             else:
@@ -379,15 +381,16 @@ class EWCState:
         self._write_meta(folder)
 
     @classmethod
-    def load(cls, folder: Path, lam: float | None = None, offload: bool = False) -> EWCState:
-        """The state saved in `folder`; with `offload`, read from its file when used instead of loaded now."""
+    def load(cls, folder: Path, lam: float | None = None, offload: bool = False, device=None) -> EWCState:
+        """The state saved in `folder`; with `offload`, read from its file when used instead of loaded now,
+        else loaded onto `device` (default: the CPU)."""
         folder = Path(folder)
         meta = json.loads((folder / "ewc.json").read_text())
         st = cls(lam if lam is not None else meta["lam"], meta["gamma"], meta["normalize"], offload=offload)
         st.stages = meta.get("stages", [])
         st._attach(folder)
         if not offload:
-            st.fisher = {n: t.to(FISHER_DTYPE) for n, t in st.fisher.items()}
-            st.anchor = {n: t.float() for n, t in st.anchor.items()}
+            st.fisher = {n: t.to(device, FISHER_DTYPE) for n, t in st.fisher.items()}
+            st.anchor = {n: t.to(device, torch.float32) for n, t in st.anchor.items()}
             st.folder = None
         return st

@@ -106,21 +106,28 @@ def _gqa_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=No
     return out.transpose(1, 2).contiguous(), None
 
 
+_CPU_FLASH = True  # tests turn it off to run the portable branch (the one GPUs take) on the CPU
+
+
 def _partial_attention(q, k, v, scaling, mask=None):
     """Attention of q over (k, v) alone, and its log-sum-exp: (out [.., Q, D], lse [.., Q, 1]).
 
     On CPU this is ATen's flash-attention kernel (blocked, fused exponentials), which returns the
     log-sum-exp that merging two parts needs; elsewhere the same thing in plain matmuls."""
-    if q.device.type == "cpu":
+    if q.device.type == "cpu" and _CPU_FLASH:
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, False, attn_mask=mask, scale=scaling
         )
         return out, lse.unsqueeze(-1)
-    s = torch.matmul(q, k.transpose(-1, -2)).mul_(scaling)
-    if mask is not None:
-        s.add_(mask)
-    lse = torch.logsumexp(s, -1, keepdim=True)
-    return torch.matmul(s.sub_(lse).exp_(), v), lse
+    # float32 whatever the model runs in (under bf16 autocast q/k/v are bf16 and autocast would make the
+    # log-sum-exp float32 but the products bf16); the output comes back in q's dtype.
+    with torch.autocast(q.device.type, enabled=False):
+        s = torch.matmul(q.float(), k.float().transpose(-1, -2)).mul_(scaling)
+        if mask is not None:
+            s.add_(mask)
+        lse = torch.logsumexp(s, -1, keepdim=True)
+        out = torch.matmul(s.sub_(lse).exp_(), v.float())
+    return out.to(q.dtype), lse
 
 
 def _cascade_attention(q, suffix_k, suffix_v, layer: _SharedPrefixLayer, scaling: float) -> torch.Tensor:
@@ -144,7 +151,7 @@ def _cascade_attention(q, suffix_k, suffix_v, layer: _SharedPrefixLayer, scaling
     # Completion part: every row against its own tokens (all of them valid); then the two softmaxes
     # merged: out = (e^lp op + e^ls os) / (e^lp + e^ls) = os + sigmoid(lp - ls) (op - os).
     os_, ls = _partial_attention(q, suffix_k, suffix_v, scaling)
-    out = torch.lerp(os_, back(op), torch.sigmoid(back(lp) - ls))
+    out = torch.lerp(os_, back(op), torch.sigmoid(back(lp) - ls).to(os_.dtype))
     return out.reshape(bsz, 1, n_kv * g, dim)
 
 
@@ -228,24 +235,25 @@ class _SharedPrefix:
 
     def __init__(self, prompt_mask: torch.Tensor, row_prompt: torch.Tensor):
         self.n_prompts = prompt_mask.shape[0]
-        bias = torch.zeros(prompt_mask.shape, dtype=torch.float32)
+        self.device = prompt_mask.device
+        bias = torch.zeros(prompt_mask.shape, dtype=torch.float32, device=self.device)
         bias.masked_fill_(prompt_mask == 0, torch.finfo(torch.float32).min)
         self.prefix_bias = bias[:, None, None, :]  # [U, 1, 1, Tp], 0 = attend
         self.set_rows(row_prompt)
 
     def set_rows(self, row_prompt: torch.Tensor) -> None:
-        """row_prompt[b] = index of the prompt that batch row b continues."""
-        counts = torch.bincount(row_prompt, minlength=self.n_prompts)
-        self.slots = max(int(counts.max()), 1)
-        rank = torch.zeros_like(row_prompt)
+        """row_prompt[b] = index of the prompt that batch row b continues (a few dozen rows: bookkeeping
+        in Python, one small tensor on the cache's device)."""
+        prompt_of = row_prompt.tolist()
         seen = [0] * self.n_prompts
-        for b, i in enumerate(row_prompt.tolist()):
-            rank[b] = seen[i]
+        slot = []
+        for i in prompt_of:
+            slot.append(seen[i])
             seen[i] += 1
-        self.slot_of_row = row_prompt * self.slots + rank
-        self.dense = row_prompt.numel() == self.n_prompts * self.slots and bool(
-            torch.equal(self.slot_of_row, torch.arange(row_prompt.numel()))
-        )
+        self.slots = max(max(seen), 1)
+        slot = [i * self.slots + r for i, r in zip(prompt_of, slot)]
+        self.slot_of_row = torch.tensor(slot, dtype=torch.long, device=self.device)
+        self.dense = slot == list(range(self.n_prompts * self.slots))
 
 
 class _SharedPrefixLayer(_PreallocLayer):
@@ -306,10 +314,16 @@ def _sample(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None
         keep = sorted_p.cumsum(-1) - sorted_p < p.top_p
         sorted_p = sorted_p * keep
         cdf = sorted_p.cumsum(-1)
-        u = torch.rand(cdf.shape[0], 1, generator=gen) * cdf[:, -1:]
+        u = _uniform(cdf.shape[0], gen, cdf.device) * cdf[:, -1:]
         pos = torch.searchsorted(cdf, u).clamp_(max=cdf.shape[-1] - 1)
         return idx.gather(-1, pos).squeeze(-1)
-    return _inverse_cdf(probs, torch.rand(probs.shape[0], 1, generator=gen))
+    return _inverse_cdf(probs, _uniform(probs.shape[0], gen, probs.device))
+
+
+def _uniform(n: int, gen: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """n uniforms in [0, 1) as a column on `device`, drawn from the CPU generator `gen` (so a seed gives
+    the same draws whatever device the model is on)."""
+    return torch.rand(n, 1, generator=gen).to(device)
 
 
 def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor, block: int = 256) -> torch.Tensor:
@@ -326,7 +340,7 @@ def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor, block: int = 256) -> torc
     target = (u * block_cdf[:, -1:]).clamp_(min=tiny)  # > 0: never a block (or token) of zero mass
     b = torch.searchsorted(block_cdf, target).clamp_(max=block_cdf.shape[1] - 1)  # [n, 1]
     before = torch.where(b > 0, block_cdf.gather(1, (b - 1).clamp(min=0)), torch.zeros_like(target))
-    inner_cdf = blocks[torch.arange(n), b.squeeze(1)].cumsum(-1)  # [n, block]
+    inner_cdf = blocks[torch.arange(n, device=probs.device), b.squeeze(1)].cumsum(-1)  # [n, block]
     rest = torch.minimum((target - before).clamp_(min=tiny), inner_cdf[:, -1:])  # rounding stays inside
     j = torch.searchsorted(inner_cdf, rest).clamp_(max=block - 1)
     return (b * block + j).clamp_(max=vocab - 1).squeeze(-1)
@@ -366,6 +380,8 @@ def _prefill(model, prompts: list, pad_id: int, length: int):
     for i, p in enumerate(prompts):
         inp[i, length - len(p) :] = torch.tensor(p)
         amask[i, length - len(p) :] = 1
+    dev = _model_device(model)
+    inp, amask = inp.to(dev), amask.to(dev)
     cache = DynamicCache()
     out = model(
         input_ids=inp,
@@ -390,6 +406,10 @@ def _length_buckets(lengths: list[int], waste: float = 0.1) -> list[list[int]]:
     return [*buckets, cur] if cur else buckets
 
 
+def _model_device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
 def _bucketed_prefill(model, prompts: list, pad_id: int, plen: int):
     """Prefill prompts in buckets of similar length (GSM8K prompts vary ~2x: one padded batch spent ~27% of
     its FLOPs on padding), then lay their keys/values out right-aligned in [U, KVH, plen, D] buffers, the
@@ -403,7 +423,7 @@ def _bucketed_prefill(model, prompts: list, pad_id: int, plen: int):
         part = [prompts[i] for i in bucket]
         width = max(len(p) for p in part)
         cache, logits = _prefill(model, part, pad_id, width)
-        idx = torch.tensor(bucket, dtype=torch.long)
+        idx = torch.tensor(bucket, dtype=torch.long, device=logits.device)
         if first is None:
             first = logits.new_empty(len(prompts), logits.shape[-1])
         first[idx] = logits
@@ -455,10 +475,13 @@ def generate_completions(
     uniq_prompts = list(uniq)
     plen = max(len(p) for p in uniq_prompts)
     n_rows = len(prompt_ids)
+    dev = _model_device(model)
     amask = torch.zeros((len(uniq_prompts), plen), dtype=torch.long)
     for i, p in enumerate(uniq_prompts):
         amask[i, plen - len(p) :] = 1
-    rows = torch.tensor(row_src, dtype=torch.long)
+    amask = amask.to(dev)
+    rows = torch.tensor(row_src, dtype=torch.long)  # bookkeeping stays on the CPU, rows_d goes to the model
+    rows_d = rows.to(dev)
     was_training = model.training
     model.eval()
     try:
@@ -469,17 +492,17 @@ def generate_completions(
             cache, shared = _shared_prefix_cache(prefill, amask, rows)
         else:
             prefill, first = _prefill(model, uniq_prompts, pad_id, plen)
-            cache = _prealloc_cache(prefill, rows)
+            cache = _prealloc_cache(prefill, rows_d)
         del prefill
-        logits = first.index_select(0, rows)
+        logits = first.index_select(0, rows_d)
 
         # With the shared-prompt cache the attention masks the prompts' padding itself (every completion
         # position is valid), so an attention mask is kept only for the plain cache.
         full_mask = None
         if shared is None:
-            full_mask = torch.zeros((n_rows, capacity), dtype=torch.long)
-            full_mask[:, :plen] = amask.index_select(0, rows)
-        next_pos = amask.sum(-1).index_select(0, rows)  # position of the next token per row
+            full_mask = torch.zeros((n_rows, capacity), dtype=torch.long, device=dev)
+            full_mask[:, :plen] = amask.index_select(0, rows_d)
+        next_pos = amask.sum(-1).index_select(0, rows_d)  # position of the next token per row
         active = torch.arange(n_rows)  # original row index of each batch row
         alive = [True] * n_rows  # per batch row: still generating
         results: list[list[int]] = [[] for _ in range(n_rows)]
@@ -510,6 +533,7 @@ def generate_completions(
             if n_alive < compact_below * len(alive):
                 keep_t = torch.tensor([j for j, a in enumerate(alive) if a], dtype=torch.long)
                 active = active.index_select(0, keep_t)
+                keep_t = keep_t.to(dev)
                 tok = tok.index_select(0, keep_t)
                 if full_mask is not None:
                     full_mask = full_mask.index_select(0, keep_t)

@@ -140,3 +140,24 @@ def test_bucketed_prefill_equals_one_padded_batch(tiny_model, tokenizer):
         for i, n in enumerate(lengths):  # real positions agree
             torch.testing.assert_close(b.keys[i, :, plen - n :], a.keys[i, :, plen - n :], rtol=1e-4, atol=1e-5)
             torch.testing.assert_close(b.values[i, :, plen - n :], a.values[i, :, plen - n :], rtol=1e-4, atol=1e-5)
+
+
+def test_portable_attention_branch_runs_under_bf16_autocast(tiny_model, tokenizer, monkeypatch):
+    """A GPU takes the portable (matmul) branch of the shared-prompt attention, and TRL generates under bf16
+    autocast there. Both on the CPU here: in float32 the portable branch decodes exactly as the fused one, and
+    under CPU autocast it runs. (CPU autocast keeps the log-sum-exp in bf16, CUDA's makes it float32: the
+    dtype mix that broke the first GPU run is checked on a GPU, not here.)"""
+    import grpo_app.generation as generation
+
+    use_fast_attention(tiny_model)
+    ps = prompts(tokenizer, ["What is 2+3?", "A much longer question about apples and pears, please?"])
+    batch = [ps[0]] * 3 + [ps[1]] * 2
+    greedy = SamplingParams(max_new_tokens=10, temperature=0, stop_at_answer=False)
+    fused = generate_completions(tiny_model, tokenizer, batch, greedy, eos_token_ids=[-1]).completion_ids
+    monkeypatch.setattr(generation, "_CPU_FLASH", False)
+    assert generate_completions(tiny_model, tokenizer, batch, greedy, eos_token_ids=[-1]).completion_ids == fused
+    sampled = SamplingParams(max_new_tokens=10, temperature=1.0, seed=1, stop_at_answer=False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = generate_completions(tiny_model, tokenizer, batch, sampled, eos_token_ids=[-1])
+    assert [len(c) for c in out.completion_ids] == [10] * 5
+    assert len({tuple(c) for c in out.completion_ids[:3]}) > 1
