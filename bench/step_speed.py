@@ -5,7 +5,7 @@
 Each setup runs in its own subprocess (so peak RSS, read with getrusage, is its own):
 
 * gemm     - the machine's fp32 matmul limit on the threads training uses (GFLOP/s).
-* gen      - the project's sampler alone at batch 16 and 64 (G = 4, GSM8K prompts, 128 tokens), as a
+* gen      - the project's sampler alone at batch 16, 64, 128 and 256 (G = 4, GSM8K prompts, 128 tokens), as a
              fraction of the matmul limit (`gemm.gflops_peak`), three ways:
              - fraction_of_matmul_limit: generated tokens/s x 2 x parameters / limit, the clock running
                from the first prompt token (prefill time counts, prefill FLOPs do not);
@@ -46,6 +46,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from common import emit, run_child  # noqa: E402  (bench/, the script's own folder)
 
 G, COMPLETION = 4, 128
+GEN_BATCHES = (16, 64, 128, 256)
 
 
 def _peak_rss_mb() -> float:
@@ -110,10 +111,10 @@ def bench_gen(gflops: float) -> dict:
     body = params - model.get_input_embeddings().weight.numel()  # the LM head is tied to the embedding
     limit = gflops * 1e9
     out = {"parameters": params, "matmul_limit_gflops": gflops, "model_shapes_gflops": round(_model_shapes_gflops(model), 1)}
-    _, ids, _ = _prompts(16, tok)
+    _, ids, _ = _prompts(max(GEN_BATCHES) // G, tok)  # batch B = B / G distinct prompts, G rows each
     generate_completions(model, tok, ids[:G], SamplingParams(max_new_tokens=8, seed=0), eos_token_ids=[-1])
-    for batch in (16, 64):
-        prompts = [ids[i % len(ids)] for i in range(batch // G) for _ in range(G)]
+    for batch in GEN_BATCHES:
+        prompts = [ids[i] for i in range(batch // G) for _ in range(G)]
         runs = {}
         for n in (1, COMPLETION):  # fixed length (no EOS) so every row decodes every step
             sp = SamplingParams(max_new_tokens=n, temperature=1.0, stop_at_answer=False, seed=0)
