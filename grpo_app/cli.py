@@ -112,6 +112,7 @@ def _event_line(ev: dict) -> str:
         return (
             f"== stage {d['stage'] + 1} '{d['name']}': {d['problems']} problems from {d['origin']}; {d['steps']} steps"
             + (", EWC on" if d.get("ewc") else "")
+            + (f", {d['device']} in {d['precision']}" if d.get("precision", "float32") != "float32" else "")
         )
     if kind == "fisher_done":
         return f"== Fisher after stage {d['stage'] + 1}: {d['samples']} samples ({d['source']}) in {d['seconds']:.1f}s"

@@ -283,3 +283,6 @@ def test_run_details_md_tells_the_story_of_a_run():
         and "- Fisher information of stage 1 estimated from 16 samples" in md
     )
     assert md.count("\n- ") == 2
+    gpu = {**events[0], "device": "cuda", "precision": "bfloat16 autocast"}
+    assert render.event_line(gpu).endswith("4 steps, cuda in bfloat16 autocast")
+    assert render.event_line({**events[0], "device": "cpu", "precision": "float32"}).endswith("4 steps")
