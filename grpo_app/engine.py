@@ -291,17 +291,17 @@ class _Job:
         self.cfg, self.run, self.reporter = cfg, run, reporter
         self.t_start = time.time()
         self.model = self.tok = self.spec = None
+        self.device: torch.device | None = None  # the model's, once loaded
         self.ewc: EWCState | None = None
         self.rewards, self.weights = build_rewards(cfg.rewards.weights)
 
     def ewc_offload(self) -> bool:
         """`ewc.offload` saves CPU memory; on a GPU the state stays in the GPU's memory next to the weights
         (reading it from disk and copying it over twice a step would only cost time)."""
-        return self.cfg.ewc.offload and next(self.model.parameters()).device.type == "cpu"
+        return self.cfg.ewc.offload and self.device.type == "cpu"
 
     def load_ewc(self, folder: Path) -> EWCState:
-        device = next(self.model.parameters()).device
-        return EWCState.load(folder, lam=self.cfg.ewc.lam, offload=self.ewc_offload(), device=device)
+        return EWCState.load(folder, lam=self.cfg.ewc.lam, offload=self.ewc_offload(), device=self.device)
 
     # -- the Fisher at a stage end ----------------------------------------------------------------
     def consolidate(self, k: int, pool, recent: list) -> None:
@@ -426,7 +426,8 @@ def train(cfg: Config, run: RunDir, reporter=None, resume: bool = False) -> str:
         raise RuntimeError("no complete checkpoint to resume from")
     reporter.status(status="running", phase="loading model")
     job.model, job.tok, job.spec = prepare_model(cfg)
-    device = next(job.model.parameters()).device.type
+    job.device = next(job.model.parameters()).device
+    device = job.device.type
     total, trainable = count_parameters(job.model)
     reporter.event(
         "model_loaded",

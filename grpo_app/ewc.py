@@ -137,6 +137,12 @@ def compute_fisher(
     return fisher, stats
 
 
+def _diff_and_fisher(p: torch.Tensor, anchor: Mapping, fisher: Mapping, name: str):
+    """(theta - theta*) in float32 and F for one parameter, both on the parameter's device (the state may
+    be read from a file, or live on another device)."""
+    return p.detach().float() - anchor[name].to(p.device), fisher[name].to(p.device)
+
+
 class _EWCPenaltyFn(torch.autograd.Function):
     """fisher / anchor: mappings name -> tensor, read one name at a time (they may live on disk)."""
 
@@ -146,8 +152,8 @@ class _EWCPenaltyFn(torch.autograd.Function):
         ctx.save_for_backward(*params)
         total = torch.zeros((), dtype=torch.float64, device=params[0].device)
         for n, p in zip(names, params):
-            d = p.detach().float() - anchor[n].to(p.device)
-            total += torch.dot((d * fisher[n].to(p.device)).flatten(), d.flatten()).double()
+            d, f = _diff_and_fisher(p, anchor, fisher, n)
+            total += torch.dot((d * f).flatten(), d.flatten()).double()
         return (0.5 * lam * total).to(params[0].dtype if params[0].is_floating_point() else torch.float32)
 
     @staticmethod
@@ -155,8 +161,8 @@ class _EWCPenaltyFn(torch.autograd.Function):
         params = ctx.saved_tensors
         grads = []
         for n, p in zip(ctx.names, params):
-            d = p.detach().float() - ctx.anchor[n].to(p.device)
-            grads.append(d.mul_(ctx.fisher[n].to(p.device)).mul_(grad_out * ctx.lam).to(p.dtype))
+            d, f = _diff_and_fisher(p, ctx.anchor, ctx.fisher, n)
+            grads.append(d.mul_(f).mul_(grad_out * ctx.lam).to(p.dtype))
         return (None, None, None, None, *grads)
 
 
@@ -352,8 +358,8 @@ class EWCState:
         names, params = self._aligned(model)
         for n in names:
             p = params[n]
-            g = (p.detach().float() - self.anchor[n].to(p.device)).mul_(self.fisher[n].to(p.device))
-            g = g.mul_(self.lam).to(p.dtype)
+            d, f = _diff_and_fisher(p, self.anchor, self.fisher, n)
+            g = d.mul_(f).mul_(self.lam).to(p.dtype)
             if p.grad is None:
                 p.grad = g
             else:
