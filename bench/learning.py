@@ -189,6 +189,8 @@ def main() -> None:
     ap.add_argument("--eval-seed", type=int, default=0)
     ap.add_argument("--runs", nargs="*", default=[], metavar="NAME=RUN_DIR", help="reuse trained runs, e.g. ewc=models/runs/x")
     ap.add_argument("--out", default="assets/learning.json")
+    ap.add_argument("--tag", default="", help="added to the run names (learning-TAG-ewc), e.g. for runs side by side")
+    ap.add_argument("--eval-batch", type=int, default=32, help="problems per generation batch when scoring")
     a = ap.parse_args()
 
     import torch
@@ -205,7 +207,7 @@ def main() -> None:
             trained[name] = {"run": given[name], "train_seconds": None}
             continue
         vcfg = load_config(a.config, [*a.set, *extra])
-        path, secs = train_variant(vcfg, f"learning-{name}", root)
+        path, secs = train_variant(vcfg, "-".join(["learning", *([a.tag] if a.tag else []), name]), root)
         trained[name] = {"run": str(path), "train_seconds": round(secs, 1)}
 
     exclude = training_questions(cfg)
@@ -214,10 +216,14 @@ def main() -> None:
         if st.source == "gsm8k":
             continue  # covered by the GSM8K column
         s = stage_eval_settings(cfg, k, a.n, seed=a.eval_seed)
+        s.batch_size = a.eval_batch
         probs, origin = heldout_problems(cfg, k, s, exclude)
         sets[f"stage {k + 1}: {st.name}"] = (probs, s, origin)
     if a.gsm8k_n:
-        s = EvalSettings(n=a.gsm8k_n, seed=a.eval_seed, system_prompt=cfg.data.system_prompt, max_new_tokens=256)
+        s = EvalSettings(
+            n=a.gsm8k_n, seed=a.eval_seed, system_prompt=cfg.data.system_prompt, max_new_tokens=256,
+            batch_size=a.eval_batch,
+        )
         probs, origin = heldout_problems(cfg, 0, s, exclude)
         sets["GSM8K test"] = (probs, s, origin)
 
@@ -259,6 +265,7 @@ def main() -> None:
             if m == "base":
                 continue
             pr[f"{m}_vs_base"] = paired(recs["base"]["records"], recs[m]["records"])
+            pr[f"{m}_vs_base_strict"] = paired(recs["base"]["records"], recs[m]["records"], "strict_correct")
             pr[f"{m}_vs_base_format"] = paired(recs["base"]["records"], recs[m]["records"], "has_format")
         if "ewc" in recs and "noewc" in recs:
             pr["ewc_vs_noewc"] = paired(recs["noewc"]["records"], recs["ewc"]["records"])
