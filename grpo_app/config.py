@@ -23,11 +23,14 @@ import yaml
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = PROJECT_ROOT / "configs"
 
-# An example in the prompt matters for a 135M model: measured on 48 held-out two-digit +/- problems,
-# greedy answers ending in a '#### n' line went from 4% (instruction only) to 33% with the example.
+# No worked example. An example does help an untrained 135M model (on 48 held-out two-digit +/- problems,
+# greedy answers ending in a '#### n' line went from 4% to 33% with one), but GRPO teaches the format
+# within a few steps anyway, and after arithmetic stages the model copied the example ('12 + 7 = 19 /
+# #### 19') into GSM8K answers: with it, GSM8K fell from 2.5% to 1.2% after the classroom preset; without
+# it, no seed fell (README, 'Does it learn?').
 DEFAULT_SYSTEM_PROMPT = (
     "Solve the math problem. Show your work briefly, then give the final answer on the last line as "
-    "'#### <number>'.\nExample:\nQuestion: What is 12 + 7?\n12 + 7 = 19\n#### 19"
+    "'#### <number>'."
 )
 
 SOURCES = ("gsm8k", "arithmetic", "gsm_symbolic", "custom")
