@@ -192,6 +192,16 @@ def main() -> None:
     ap.add_argument("--tag", default="", help="added to the run names (learning-TAG-ewc), e.g. for runs side by side")
     ap.add_argument("--eval-batch", type=int, default=32, help="problems per generation batch when scoring")
     a = ap.parse_args()
+    # Checked before any training, so a typo does not fail after the runs are done.
+    from grpo_app.config import RUN_NAME_RE
+
+    run_prefix = f"learning-{a.tag}" if a.tag else "learning"
+    if not RUN_NAME_RE.match(f"{run_prefix}-noewc"):
+        ap.error(f"--tag {a.tag!r}: use letters, digits, '-' and '_' (run names are at most 64 characters).")
+    try:
+        EvalSettings(batch_size=a.eval_batch).validate()
+    except ValueError as e:
+        ap.error(f"--eval-batch {a.eval_batch}: {e}")
 
     import torch
 
@@ -207,7 +217,7 @@ def main() -> None:
             trained[name] = {"run": given[name], "train_seconds": None}
             continue
         vcfg = load_config(a.config, [*a.set, *extra])
-        path, secs = train_variant(vcfg, "-".join(["learning", *([a.tag] if a.tag else []), name]), root)
+        path, secs = train_variant(vcfg, f"{run_prefix}-{name}", root)
         trained[name] = {"run": str(path), "train_seconds": round(secs, 1)}
 
     exclude = training_questions(cfg)
@@ -221,7 +231,10 @@ def main() -> None:
         sets[f"stage {k + 1}: {st.name}"] = (probs, s, origin)
     if a.gsm8k_n:
         s = EvalSettings(
-            n=a.gsm8k_n, seed=a.eval_seed, system_prompt=cfg.data.system_prompt, max_new_tokens=256,
+            n=a.gsm8k_n,
+            seed=a.eval_seed,
+            system_prompt=cfg.data.system_prompt,
+            max_new_tokens=256,
             batch_size=a.eval_batch,
         )
         probs, origin = heldout_problems(cfg, 0, s, exclude)

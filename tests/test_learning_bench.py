@@ -12,7 +12,7 @@ from .conftest import ROOT
 def test_learning_bench_runs_the_ablation_on_a_tiny_model(tmp_path):
     out = tmp_path / "learning.json"
     cmd = [sys.executable, str(ROOT / "bench" / "learning.py"), "--config", "tests/configs/tiny.yaml", "--ablation",
-           "--n", "12", "--gsm8k-n", "6", "--out", str(out),
+           "--n", "12", "--gsm8k-n", "6", "--out", str(out), "--tag", "t1", "--eval-batch", "5",
            "--set", f"run.output_dir={tmp_path / 'runs'}", "--set", "run.save_every=0"]
     env = dict(os.environ, CHROMIUM="/nonexistent")  # the PNG is optional; the JSON and HTML are the record
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
@@ -25,12 +25,23 @@ def test_learning_bench_runs_the_ablation_on_a_tiny_model(tmp_path):
         for m in res["models"]:
             lo, hi = ev[m]["ci"]
             assert 0 <= lo <= ev[m]["accuracy"] <= hi <= 1
-        assert {"ewc_vs_base", "noewc_vs_base", "ewc_vs_noewc"} <= set(res["paired"][name])
+        assert {"ewc_vs_base", "ewc_vs_base_strict", "noewc_vs_base", "ewc_vs_noewc"} <= set(res["paired"][name])
     assert set(res["after_stage1"]) == {"stage 1: s1", "stage 2: s2"}  # not GSM8K: scored for stage tasks only
     assert set(res["paired"]["forgetting"]["stage 1: s1"]) == {"ewc", "noewc"}
     runs = {k: v["run"] for k, v in res["runs"].items()}
+    assert runs["ewc"].endswith("-learning-t1-ewc") and runs["noewc"].endswith("-learning-t1-noewc")
     ewc_cfg = (tmp_path / "runs" / os.path.basename(runs["ewc"]) / "config.yaml").read_text()
     noewc_cfg = (tmp_path / "runs" / os.path.basename(runs["noewc"]) / "config.yaml").read_text()
     assert "enabled: true" in ewc_cfg and "enabled: false" in noewc_cfg  # same config but for EWC
     assert out.with_suffix(".html").is_file()
     assert "| held-out set (n) |" in r.stderr and "after stage 1" in r.stderr
+
+
+def test_learning_bench_rejects_bad_options_before_training(tmp_path):
+    for args, words in ((["--eval-batch", "0"], "batch size must be between 1 and 256"),
+                        (["--tag", "a b"], "letters, digits")):
+        cmd = [sys.executable, str(ROOT / "bench" / "learning.py"), "--config", "tests/configs/tiny.yaml",
+               "--set", f"run.output_dir={tmp_path / 'runs'}", *args]
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and words in r.stderr, r.stderr[-2000:]
+        assert not (tmp_path / "runs").exists()  # nothing trained
