@@ -27,7 +27,7 @@ from .config import Config
 from .data import build_messages, stage_pool, to_rows
 from .ewc import EWCState, compute_fisher
 from .generation import SamplingParams, generate_completions, use_fast_attention
-from .lean import make_lean
+from .lean import layer_hooks, make_lean
 from .models import apply_lora, count_parameters, freeze_embeddings, load_model
 from .rewards import build_rewards
 from .runs import RunDir, atomic_write_json
@@ -83,7 +83,7 @@ def grpo_args(cfg: Config, stage_index: int, output_dir: Path, device: str):
         bf16=device == "cuda" and (cfg.model.dtype == "bfloat16" or (cfg.model.dtype == "auto" and _cuda_bf16())),
         fp16=False,
         use_cpu=device == "cpu",
-        gradient_checkpointing=g.gradient_checkpointing,
+        gradient_checkpointing=False,  # the engine's own layer recompute instead (prepare_model)
         logging_steps=cfg.run.log_every,
         save_strategy="steps" if cfg.run.save_every else "no",
         save_steps=cfg.run.save_every or 10**9,
@@ -224,6 +224,7 @@ def prepare_model(cfg: Config, device: str = "auto"):
         freeze_embeddings(model)
     if cfg.grpo.lean_activations:
         make_lean(model)
+    layer_hooks(model, recompute=cfg.grpo.gradient_checkpointing)
     use_fast_attention(model)
     model.train()
     return model, tok, spec

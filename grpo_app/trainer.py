@@ -10,8 +10,9 @@ logging, checkpoints, resume — is TRL's own code):
    whole groups (needed by 3 and 4).
 3. Log-probabilities: each distinct prompt (but its last token) runs once, its keys/values are
    reused by the G completions, and the LM head projects only completion positions (TRL's CPU
-   path projects every position, prompt included). Same numbers, fewer FLOPs. Not with gradient
-   checkpointing (HF's checkpointed layers drop a cache while training): TRL's path then.
+   path projects every position, prompt included). Same numbers, fewer FLOPs. The engine's own layer
+   recompute (`lean.recompute_layers`) keeps this path; HF's gradient checkpointing drops a cache while
+   training, so with it TRL's path is taken.
 4. With beta = 0 and no entropy bonus, a completion whose advantage is 0 contributes exactly 0 to
    the loss and its gradient; its forward/backward is skipped and the loss is rescaled so the
    result is identical (dapo needs no rescale: its normalizer counts the whole generation batch).
@@ -25,6 +26,7 @@ logging, checkpoints, resume — is TRL's own code):
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import time
@@ -35,6 +37,7 @@ from pathlib import Path
 import torch
 import trl.trainer.utils as _trl_utils
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 from trl import GRPOTrainer
 
 from .generation import SamplingParams, generate_completions
@@ -95,13 +98,81 @@ def lora_merged(model, enabled: bool = True):
 
 
 def _checkpointing(model, accelerator) -> bool:
-    """Gradient checkpointing on: HF's checkpointed layers then set past_key_values=None while training, so
+    """HF's gradient checkpointing on (the engine uses `lean.recompute_layers` instead): HF's checkpointed layers then set past_key_values=None while training, so
     a cached prompt would silently vanish from the completion's forward."""
     lm = _unwrap_peft(accelerator.unwrap_model(model))
     flag = getattr(lm, "is_activation_checkpointing", None)
     if flag is None:
         flag = getattr(lm, "is_gradient_checkpointing", False)
     return bool(flag) and lm.training
+
+
+class PromptRecordLayer(DynamicLayer):
+    """KV layer for a pass that starts from an empty cache: `update` returns the new keys/values unchanged
+    (what DynamicLayer returns when empty) and keeps those of the first call."""
+
+    replay_safe = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.dtype, self.device = key_states.dtype, key_states.device
+            self.keys, self.values, self.is_initialized = key_states, value_states, True
+        return key_states, value_states
+
+
+class PrefixLayer(DynamicLayer):
+    """KV layer holding a fixed prefix: `update` returns prefix + the new keys/values without storing them,
+    so a second call with the same input gives the same result."""
+
+    replay_safe = True
+
+    def __init__(self, keys, values):
+        super().__init__()
+        self.dtype, self.device = keys.dtype, keys.device
+        self.keys, self.values, self.is_initialized = keys, values, True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
+
+
+def _fold_grad(param, alias) -> None:
+    grad, alias.grad = alias.grad, None
+    if param.grad is None:
+        param.grad = grad
+    else:
+        param.grad.add_(grad)
+
+
+def _grad_aliases(module) -> dict[str, torch.Tensor]:
+    """For each trainable parameter of `module`, a leaf tensor sharing its storage whose gradient is added to
+    the parameter's own the moment backward produces it.
+
+    Every weight is used twice in a shared-prefix pass: by the prompt pass and by the completions'. Autograd
+    sums a parameter's incoming gradients in a buffer until all its uses have been differentiated, and the
+    prompt pass is differentiated last, so while a micro-batch's gradients are being added to earlier
+    micro-batches' (gradient accumulation), a second full set of weight gradients (~400 MB for SmolLM2)
+    waits in those buffers for the whole backward. With the prompt pass on aliases each use has its own
+    leaf, and each gradient is folded in as soon as it exists. Same sum (in another order: float rounding).
+    Single process only: DDP's gradient hooks are on the parameters, not on the aliases.
+    """
+    out = {}
+    for name, param in module.named_parameters():
+        if param.requires_grad:
+            alias = param.detach().requires_grad_(True)
+            alias.register_post_accumulate_grad_hook(functools.partial(_fold_grad, param))
+            out[name] = alias
+    return out
+
+
+def _layer_cache(layers) -> DynamicCache:
+    cache = DynamicCache()
+    cache.layers, cache.layer_class_to_replicate = list(layers), None
+    return cache
+
+
+def _num_layers(lm) -> int:
+    cfg = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
+    return cfg.num_hidden_layers
 
 
 def restore_forward(model) -> None:
@@ -325,12 +396,19 @@ class CurriculumGRPOTrainer(GRPOTrainer):
         uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
         lm = _unwrap_peft(self.accelerator.unwrap_model(model))
         backbone = getattr(lm, lm.base_model_prefix)
-        cache = DynamicCache()
+        # Replay-safe cache layers: with layer recompute (lean.recompute_layers) every layer runs a second
+        # time in backward and calls `update` again; these give the same keys both times.
+        cache = _layer_cache([PromptRecordLayer() for _ in range(_num_layers(lm))])
+        prompt_pass = {"input_ids": uniq[:, :cut], "attention_mask": uniq[:, cut:], "past_key_values": cache, "use_cache": True}
         with self.accelerator.autocast():
-            backbone(input_ids=uniq[:, :cut], attention_mask=uniq[:, cut:], past_key_values=cache, use_cache=True)
-        for layer in cache.layers:
-            layer.keys = layer.keys.index_select(0, inverse)
-            layer.values = layer.values.index_select(0, inverse)
+            if torch.is_grad_enabled() and self.accelerator.num_processes == 1:
+                # The prompt pass runs on aliases of the trainable weights (see _grad_aliases).
+                torch.func.functional_call(backbone, _grad_aliases(backbone), kwargs=prompt_pass, strict=False)
+            else:
+                backbone(**prompt_pass)
+        cache = _layer_cache(
+            [PrefixLayer(la.keys.index_select(0, inverse), la.values.index_select(0, inverse)) for la in cache.layers]
+        )
         suffix = input_ids[:, cut:]  # last prompt token + completion
         labels = suffix.masked_fill(attention_mask[:, cut:] == 0, -100)
         labels[:, 0] = -100

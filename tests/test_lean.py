@@ -112,3 +112,47 @@ def test_cpu_attention_keeps_kv_heads_unrepeated_with_same_gradients(tokenizer, 
     repeated = (4, cfg.num_attention_heads, 21, cfg.head_dim if hasattr(cfg, "head_dim") else cfg.hidden_size // cfg.num_attention_heads)
     assert repeated in shapes_plain  # HF keeps the KV heads repeated per query head ...
     assert repeated not in shapes_ours  # ... this keeps them as they are
+
+
+def test_layer_hooks_trim_the_heap_as_backward_reaches_every_kth_layer(tokenizer, monkeypatch):
+    import grpo_app.lean as lean
+
+    model = make_tiny(tokenizer)  # 2 layers: indices 0 and 1
+    calls = []
+    monkeypatch.setattr(lean, "trim_heap", lambda: calls.append(1))
+    assert lean.layer_hooks(model, recompute=False, trim_every=1) == 2
+    assert lean.layer_hooks(model, recompute=True, trim_every=1) == 0  # already patched: left as it is
+    ids = torch.randint(10, 400, (2, 7))
+    model.train()
+    with torch.no_grad():
+        model(input_ids=ids)
+    model.eval()
+    model(input_ids=ids).logits.sum().backward()
+    assert calls == []  # no gradients or not training: nothing registered
+    model.train()
+    model(input_ids=ids).logits.sum().backward()
+    assert len(calls) == 2
+    other = make_tiny(tokenizer)
+    assert lean.layer_hooks(other, recompute=False, trim_every=2) == 1  # layer 0 only; layer 1 left alone
+    assert "forward" not in other.model.layers[1].__dict__
+    assert lean.layer_hooks(make_tiny(tokenizer), recompute=False, trim_every=0) == 0
+
+
+def test_layer_recompute_keeps_only_layer_inputs_with_the_same_gradients(tokenizer):
+    from grpo_app.lean import recompute_layers
+
+    grads, saved = [], []
+    for recompute in (False, True):
+        model = make_tiny(tokenizer)
+        make_lean(model)
+        if recompute:
+            assert recompute_layers(model) == model.config.num_hidden_layers
+        model.train()
+        ids = torch.randint(10, 400, (2, 9))
+        n, loss = saved_bytes(model, ids)
+        loss.backward()
+        saved.append(n)
+        grads.append({k: p.grad for k, p in model.named_parameters()})
+    assert saved[1] < saved[0] / 3, saved
+    for k in grads[0]:
+        torch.testing.assert_close(grads[1][k], grads[0][k], rtol=0, atol=0)

@@ -8,6 +8,7 @@ from grpo_app.config import load_config
 from grpo_app.engine import grpo_args
 from grpo_app.ewc import EWCState, compute_fisher
 from grpo_app.generation import use_fast_attention
+from grpo_app.lean import make_lean, recompute_layers
 from grpo_app.models import freeze_embeddings
 from grpo_app.rewards import build_rewards
 from grpo_app.trainer import CurriculumGRPOTrainer, EngineOptions, restore_forward
@@ -58,6 +59,90 @@ def test_shared_prefix_logprobs_equal_trl(tmp_path, tokenizer, checkpointing):
     torch.testing.assert_close(lp1 * cm, lp2 * cm, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(ent1 * cm, ent2 * cm, rtol=1e-4, atol=1e-5)
     restore_forward(model)
+
+
+def _logps_grads_saved(tmp_path, tokenizer, recompute: bool, share: bool = True, calls: list | None = None):
+    """Log-probs, every gradient and the bytes autograd keeps (parameters aside) for one shared-prefix pass."""
+    model = make_tiny(tokenizer)
+    freeze_embeddings(model)
+    make_lean(model)
+    use_fast_attention(model)
+    if recompute:
+        assert recompute_layers(model) == model.config.num_hidden_layers
+    pi, pm, ci, cm = batch(tokenizer)
+    ids, mask = torch.cat([pi, ci], 1), torch.cat([pm, cm], 1)
+    tr = make_trainer(tmp_path, model, tokenizer, share_prompt_prefix=share)
+    if calls is not None:
+        orig = tr._shared_prefix_logps
+        tr._shared_prefix_logps = lambda *a, **k: calls.append(1) or orig(*a, **k)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: set[int] = set()
+    saved = [0]
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params and ptr not in seen:
+            seen.add(ptr)
+            saved[0] += t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        lp, _, _ = tr._get_per_token_logps_and_entropies(model, ids, mask, ci.size(1))
+    (lp * cm).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    restore_forward(model)
+    return lp * cm, grads, saved[0]
+
+
+def test_layer_recompute_keeps_the_shared_prefix_and_gives_the_same_gradients(tmp_path, tokenizer):
+    calls = []
+    lp0, g0, saved0 = _logps_grads_saved(tmp_path / "a", tokenizer, recompute=False)
+    lp1, g1, saved1 = _logps_grads_saved(tmp_path / "b", tokenizer, recompute=True, calls=calls)
+    assert calls, "the shared-prefix path must stay on with layer recompute"
+    torch.testing.assert_close(lp1, lp0, rtol=0, atol=0)
+    assert g0.keys() == g1.keys() and len(g0) > 10
+    for n in g0:  # the recompute runs the same kernels on the same inputs: bit-identical
+        torch.testing.assert_close(g1[n], g0[n], rtol=0, atol=0)
+    # Only each layer's input stays for backward (2 layers, tiny widths): a fraction of the activations.
+    assert saved1 < saved0 / 3, (saved1, saved0)
+
+
+def test_layer_recompute_drops_a_cache_that_is_not_replay_safe(tokenizer):
+    """A growing cache (HF's DynamicCache) would get each recomputed layer's keys appended a second time in
+    backward; such a cache is dropped for the training forward, as HF's checkpointing does."""
+    from transformers import DynamicCache
+
+    ids = torch.randint(10, 400, (2, 7))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0  # left padding: the attention takes an explicit mask sized for this pass's keys
+    results = []
+    for recompute in (False, True):
+        model = make_tiny(tokenizer)
+        freeze_embeddings(model)
+        if recompute:
+            recompute_layers(model)
+        model.train()
+        logits = model(input_ids=ids, attention_mask=mask, past_key_values=DynamicCache(), use_cache=True).logits
+        logits[1:].pow(2).mean().backward()
+        results.append((logits.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=0, atol=0)
+    for n, g in results[0][1].items():
+        torch.testing.assert_close(results[1][1][n], g, rtol=0, atol=0)
+
+
+def test_replay_safe_cache_layers_return_the_same_keys_when_called_twice():
+    from grpo_app.trainer import PrefixLayer, PromptRecordLayer
+
+    k, v = torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4)
+    rec = PromptRecordLayer()
+    assert rec.get_seq_length() == 0
+    assert rec.update(k, v)[0] is k and rec.update(k * 2, v * 2)[0].equal(k * 2)
+    assert rec.keys is k and rec.get_seq_length() == 5  # the first call is the one kept
+    pre = PrefixLayer(k.expand(3, -1, -1, -1), v.expand(3, -1, -1, -1))
+    nk, nv = torch.randn(3, 2, 2, 4), torch.randn(3, 2, 2, 4)
+    a, b = pre.update(nk, nv), pre.update(nk, nv)
+    assert a[0].shape == (3, 2, 7, 4) and a[0].equal(b[0]) and a[1].equal(b[1])
+    assert pre.get_seq_length() == 5 and pre.get_mask_sizes(2) == (7, 0)
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "bnpo", "dr_grpo"])
