@@ -8,10 +8,10 @@ running at that moment (and at each phase's start and end): sampling ("generate"
 ("forward_backward"), the optimizer step with the EWC gradient ("optimizer"), the Fisher pass ("fisher").
 `peak_rss_mb` is the kernel's high-water mark (getrusage) for the whole run, model loading included.
 
-Variants: the preset as it is; with `grpo.lean_activations=false` (HF's own MLP/RMSNorm backward);
-with `grpo.gradient_checkpointing=true` (activations recomputed in backward); with `ewc.offload=false`
-(Fisher and anchor held in memory rather than read from the run folder); with `grpo.micro_batch_size=4`
-(half the completions per forward+backward); with both checkpointing and micro-batches of 4.
+Variants: the preset as it is (layer recompute on, the default); with `grpo.gradient_checkpointing=false`
+(every layer's activations kept for backward); with `grpo.lean_activations=false` (HF's own MLP/RMSNorm
+backward); with `ewc.offload=false` (Fisher and anchor held in memory rather than read from the run
+folder); with `grpo.micro_batch_size=4` (half the completions per forward+backward).
 """
 
 from __future__ import annotations
@@ -35,11 +35,10 @@ from common import emit, run_child  # noqa: E402  (bench/, the script's own fold
 
 VARIANTS = {
     "preset": [],
+    "no_checkpointing": ["grpo.gradient_checkpointing=false"],
     "hf_modules": ["grpo.lean_activations=false"],
-    "checkpointing": ["grpo.gradient_checkpointing=true"],
     "ewc_in_memory": ["ewc.offload=false"],
     "micro4": ["grpo.micro_batch_size=4"],
-    "checkpointing_micro4": ["grpo.gradient_checkpointing=true", "grpo.micro_batch_size=4"],
 }
 
 

@@ -168,7 +168,11 @@ class GRPOSettings:
         True,
         "Skip the forward/backward of completions whose advantage is 0 (exact when beta = 0: they add no gradient).",
     )
-    gradient_checkpointing: bool = _f(False, "Recompute activations in backward (less memory, ~30% slower).")
+    gradient_checkpointing: bool = _f(
+        True,
+        "Recompute each layer's activations in backward, keeping the shared prompt prefix: only the layers' "
+        "inputs stay for backward (same numbers; SmolLM2 quick preset 3.1 -> 2.3 GB peak, ~4% longer run).",
+    )
     lean_activations: bool = _f(
         True,
         "Keep fewer activations for backward: SwiGLU MLP and RMSNorm with their own backward (same numbers, "

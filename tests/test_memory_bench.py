@@ -10,12 +10,12 @@ from .conftest import ROOT
 def test_memory_bench_reports_each_phase_of_each_stage(tmp_path):
     out = tmp_path / "memory.json"
     cmd = [sys.executable, str(ROOT / "bench" / "memory.py"), "--config", "tests/configs/tiny.yaml",
-           "--variants", "preset,checkpointing", "--out", str(out)]
+           "--variants", "preset,no_checkpointing", "--out", str(out)]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
-    assert set(res["variants"]) == {"preset", "checkpointing"}
-    assert res["variants"]["checkpointing"]["overrides"] == ["grpo.gradient_checkpointing=true"]
+    assert set(res["variants"]) == {"preset", "no_checkpointing"}
+    assert res["variants"]["no_checkpointing"]["overrides"] == ["grpo.gradient_checkpointing=false"]
     for v in res["variants"].values():
         phases = v["phases_peak_rss_mb"]
         for want in ("stage0/generate", "stage0/forward_backward", "stage0/optimizer", "stage0/fisher",
