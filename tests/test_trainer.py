@@ -130,6 +130,46 @@ def test_layer_recompute_drops_a_cache_that_is_not_replay_safe(tokenizer):
         torch.testing.assert_close(results[1][1][n], g, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("recompute", [False, True])
+def test_prompt_pass_gradients_are_folded_in_as_they_are_produced(tmp_path, tokenizer, monkeypatch, recompute):
+    """Two accumulated micro-batches through the shared-prefix path give TRL's gradients, and the prompt pass's
+    contribution reaches each weight through its alias (folded once per micro-batch), so autograd never
+    buffers a second set of weight gradients."""
+    import grpo_app.trainer as T
+
+    folds = []
+    fold = T._fold_grad
+    monkeypatch.setattr(T, "_fold_grad", lambda p, a: folds.append(p) or fold(p, a))
+    pi, pm, ci, cm = batch(tokenizer)
+    ids, mask = torch.cat([pi, ci], 1), torch.cat([pm, cm], 1)
+    grads = []
+    for share in (True, False):
+        model = make_tiny(tokenizer)
+        freeze_embeddings(model)
+        make_lean(model)
+        use_fast_attention(model)
+        if recompute:
+            recompute_layers(model)
+        tr = make_trainer(tmp_path / str(share), model, tokenizer, share_prompt_prefix=share)
+        for half in (slice(0, 3), slice(3, 6)):  # one group per micro-batch, gradients accumulate
+            lp, _, _ = tr._get_per_token_logps_and_entropies(model, ids[half], mask[half], ci.size(1))
+            (lp * cm[half]).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        restore_forward(model)
+        if share:
+            trainable = [p for p in model.parameters() if p.requires_grad]
+            # The prompt pass reaches every weight up to the last layer's keys/values (not the final norm,
+            # nor the last layer's attention output and MLP): each of those is folded once per micro-batch.
+            folded = {id(p) for p in folds}
+            assert len(folds) == 2 * len(folded) and folded <= {id(p) for p in trainable}
+            first, last = model.model.layers[0], model.model.layers[-1]
+            assert {id(first.mlp.gate_proj.weight), id(last.self_attn.k_proj.weight)} <= folded
+            assert id(last.mlp.down_proj.weight) not in folded
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
+    for n in grads[0]:
+        torch.testing.assert_close(grads[0][n], grads[1][n], rtol=1e-4, atol=1e-6)
+
+
 def test_replay_safe_cache_layers_return_the_same_keys_when_called_twice():
     from grpo_app.trainer import PrefixLayer, PromptRecordLayer
 
