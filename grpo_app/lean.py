@@ -16,7 +16,7 @@ Applied per module instance (`make_lean`), only where it is exact: float32 CPU w
 `nn.Linear` MLP without bias and SiLU activation (Llama, Qwen2, Mistral style). Modules wrapped by
 LoRA (peft) or anything else are left alone.
 
-`recompute_layers` goes further (gradient checkpointing, `grpo.gradient_checkpointing`): each decoder
+`layer_hooks` goes further (gradient checkpointing, `grpo.gradient_checkpointing`): each decoder
 layer keeps only its input, and its activations are recomputed by running the layer again during
 backward (torch's non-reentrant checkpoint; same kernels, so the same numbers). Unlike HF's
 checkpointing, which drops a KV cache while training, it keeps the trainer's shared prompt prefix: a
@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .optim import trim_heap
 
@@ -160,14 +161,6 @@ def _layer_forward(self, *args, **kwargs):
     return out
 
 
-def _is_decoder_layer(mod) -> bool:
-    try:
-        from transformers.modeling_layers import GradientCheckpointingLayer
-    except ImportError:  # pragma: no cover
-        GradientCheckpointingLayer = ()
-    return isinstance(mod, GradientCheckpointingLayer) and hasattr(mod, "self_attn")
-
-
 # Backward frees each layer's temporaries, and the heap keeps much of it (glibc reuses freed blocks
 # poorly when long-lived gradients land between them): ~0.5 GB of resident memory nobody uses by the end
 # of a SmolLM2 backward. Trimming the heap when backward reaches every 10th layer returns it for ~2% of
@@ -181,7 +174,8 @@ def layer_hooks(model, recompute: bool = False, trim_every: int = TRIM_EVERY) ->
     index divisible by it). Returns how many layers were patched."""
     n = 0
     for mod in model.modules():
-        if _is_decoder_layer(mod) and "forward" not in mod.__dict__:
+        # HF's decoder layers are GradientCheckpointingLayers with a self_attn (MLPs, norms are not)
+        if isinstance(mod, GradientCheckpointingLayer) and hasattr(mod, "self_attn") and "forward" not in mod.__dict__:
             idx = getattr(mod.self_attn, "layer_idx", None)
             mod._grpo_recompute = bool(recompute)
             mod._grpo_trim = bool(trim_every) and idx is not None and idx % trim_every == 0

@@ -11,7 +11,7 @@ logging, checkpoints, resume — is TRL's own code):
 3. Log-probabilities: each distinct prompt (but its last token) runs once, its keys/values are
    reused by the G completions, and the LM head projects only completion positions (TRL's CPU
    path projects every position, prompt included). Same numbers, fewer FLOPs. The engine's own layer
-   recompute (`lean.recompute_layers`) keeps this path; HF's gradient checkpointing drops a cache while
+   recompute (`lean.layer_hooks`) keeps this path; HF's gradient checkpointing drops a cache while
    training, so with it TRL's path is taken.
 4. With beta = 0 and no entropy bonus, a completion whose advantage is 0 contributes exactly 0 to
    the loss and its gradient; its forward/backward is skipped and the loss is rescaled so the
@@ -98,8 +98,8 @@ def lora_merged(model, enabled: bool = True):
 
 
 def _checkpointing(model, accelerator) -> bool:
-    """HF's gradient checkpointing on (the engine uses `lean.recompute_layers` instead): HF's checkpointed layers then set past_key_values=None while training, so
-    a cached prompt would silently vanish from the completion's forward."""
+    """HF's gradient checkpointing on (the engine uses `lean.layer_hooks` instead): HF's checkpointed layers
+    then set past_key_values=None while training, so a cached prompt would silently vanish."""
     lm = _unwrap_peft(accelerator.unwrap_model(model))
     flag = getattr(lm, "is_activation_checkpointing", None)
     if flag is None:
@@ -396,10 +396,15 @@ class CurriculumGRPOTrainer(GRPOTrainer):
         uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
         lm = _unwrap_peft(self.accelerator.unwrap_model(model))
         backbone = getattr(lm, lm.base_model_prefix)
-        # Replay-safe cache layers: with layer recompute (lean.recompute_layers) every layer runs a second
+        # Replay-safe cache layers: with layer recompute (lean.layer_hooks) every layer runs a second
         # time in backward and calls `update` again; these give the same keys both times.
         cache = _layer_cache([PromptRecordLayer() for _ in range(_num_layers(lm))])
-        prompt_pass = {"input_ids": uniq[:, :cut], "attention_mask": uniq[:, cut:], "past_key_values": cache, "use_cache": True}
+        prompt_pass = {
+            "input_ids": uniq[:, :cut],
+            "attention_mask": uniq[:, cut:],
+            "past_key_values": cache,
+            "use_cache": True,
+        }
         with self.accelerator.autocast():
             if torch.is_grad_enabled() and self.accelerator.num_processes == 1:
                 # The prompt pass runs on aliases of the trainable weights (see _grad_aliases).
