@@ -83,7 +83,8 @@ def grpo_args(cfg: Config, stage_index: int, output_dir: Path, device: str):
         bf16=device == "cuda" and (cfg.model.dtype == "bfloat16" or (cfg.model.dtype == "auto" and _cuda_bf16())),
         fp16=False,
         use_cpu=device == "cpu",
-        gradient_checkpointing=False,  # the engine's own layer recompute instead (prepare_model)
+        activation_checkpointing=False,  # the engine's own layer recompute instead (prepare_model); the old
+        # name, gradient_checkpointing, is a deprecated alias that warns on every stage (TRL defaults it on)
         logging_steps=cfg.run.log_every,
         save_strategy="steps" if cfg.run.save_every else "no",
         save_steps=cfg.run.save_every or 10**9,

@@ -303,3 +303,15 @@ def test_penalty_gradient_reaches_the_update_with_or_without_clipping_it(tmp_pat
     moved = (model.get_parameter(big).detach() - before[big]) * (before[big] - ewc.anchor[big])
     assert moved.sum() < 0  # the update pulls back toward the anchor
     assert tr._metrics["train"]["ewc_seconds"] and len(tr._metrics["train"]["ewc_seconds"]) == 1
+
+
+def test_trainer_args_turn_hf_checkpointing_off_without_the_deprecation_warning(tmp_path):
+    """TRL defaults `gradient_checkpointing` on; the engine's own layer recompute replaces it. Setting the
+    old name warned (FutureWarning) on every stage; the args must say 'off' under both names, quietly."""
+    import warnings
+
+    cfg = load_config("tests/configs/tiny.yaml", [])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        args = grpo_args(cfg, 0, tmp_path, "cpu")
+    assert args.activation_checkpointing is False and args.gradient_checkpointing is False
