@@ -183,8 +183,3 @@ def layer_hooks(model, recompute: bool = False, trim_every: int = TRIM_EVERY) ->
                 mod.forward = types.MethodType(_layer_forward, mod)
                 n += 1
     return n
-
-
-def recompute_layers(model) -> int:
-    """Checkpoint every decoder layer of `model` (no heap trimming); returns how many."""
-    return layer_hooks(model, recompute=True, trim_every=0)

@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-from grpo_app.lean import make_lean
+from grpo_app.lean import layer_hooks, make_lean
 
 from .conftest import make_tiny
 
@@ -139,14 +139,12 @@ def test_layer_hooks_trim_the_heap_as_backward_reaches_every_kth_layer(tokenizer
 
 
 def test_layer_recompute_keeps_only_layer_inputs_with_the_same_gradients(tokenizer):
-    from grpo_app.lean import recompute_layers
-
     grads, saved = [], []
     for recompute in (False, True):
         model = make_tiny(tokenizer)
         make_lean(model)
         if recompute:
-            assert recompute_layers(model) == model.config.num_hidden_layers
+            assert layer_hooks(model, recompute=True, trim_every=0) == model.config.num_hidden_layers
         model.train()
         ids = torch.randint(10, 400, (2, 9))
         n, loss = saved_bytes(model, ids)

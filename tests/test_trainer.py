@@ -8,7 +8,7 @@ from grpo_app.config import load_config
 from grpo_app.engine import grpo_args
 from grpo_app.ewc import EWCState, compute_fisher
 from grpo_app.generation import use_fast_attention
-from grpo_app.lean import make_lean, recompute_layers
+from grpo_app.lean import layer_hooks, make_lean
 from grpo_app.models import freeze_embeddings
 from grpo_app.rewards import build_rewards
 from grpo_app.trainer import CurriculumGRPOTrainer, EngineOptions, restore_forward
@@ -68,7 +68,7 @@ def _logps_grads_saved(tmp_path, tokenizer, recompute: bool, share: bool = True,
     make_lean(model)
     use_fast_attention(model)
     if recompute:
-        assert recompute_layers(model) == model.config.num_hidden_layers
+        assert layer_hooks(model, recompute=True, trim_every=0) == model.config.num_hidden_layers
     pi, pm, ci, cm = batch(tokenizer)
     ids, mask = torch.cat([pi, ci], 1), torch.cat([pm, cm], 1)
     tr = make_trainer(tmp_path, model, tokenizer, share_prompt_prefix=share)
@@ -120,7 +120,7 @@ def test_layer_recompute_drops_a_cache_that_is_not_replay_safe(tokenizer):
         model = make_tiny(tokenizer)
         freeze_embeddings(model)
         if recompute:
-            recompute_layers(model)
+            layer_hooks(model, recompute=True, trim_every=0)
         model.train()
         logits = model(input_ids=ids, attention_mask=mask, past_key_values=DynamicCache(), use_cache=True).logits
         logits[1:].pow(2).mean().backward()
@@ -149,7 +149,7 @@ def test_prompt_pass_gradients_are_folded_in_as_they_are_produced(tmp_path, toke
         make_lean(model)
         use_fast_attention(model)
         if recompute:
-            recompute_layers(model)
+            layer_hooks(model, recompute=True, trim_every=0)
         tr = make_trainer(tmp_path / str(share), model, tokenizer, share_prompt_prefix=share)
         for half in (slice(0, 3), slice(3, 6)):  # one group per micro-batch, gradients accumulate
             lp, _, _ = tr._get_per_token_logps_and_entropies(model, ids[half], mask[half], ci.size(1))
