@@ -34,7 +34,8 @@ os.environ.setdefault("GRPO_APP_GSM8K_DIR", str(ROOT.parent / "shared" / "data" 
 
 
 def train_variant(cfg, name: str, root: Path) -> tuple[Path, float]:
-    from grpo_app.runs import RunManager, read_jsonl
+    from grpo_app.fileio import read_jsonl
+    from grpo_app.manager import RunManager
 
     cfg.run.name = name
     manager = RunManager(root)  # the same job runner as the app: metrics, events, memory, checkpoints

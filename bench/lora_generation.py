@@ -41,9 +41,9 @@ def main() -> None:
 
     from grpo_app.config import DataConfig, ModelConfig
     from grpo_app.data import load_gsm8k
-    from grpo_app.evaluation import prompt_ids
     from grpo_app.generation import SamplingParams, generate_completions, use_fast_attention
     from grpo_app.models import apply_lora, load_model, set_threads
+    from grpo_app.prompts import prompt_ids
     from grpo_app.trainer import lora_merged
 
     threads = set_threads(0)

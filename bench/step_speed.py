@@ -76,7 +76,7 @@ def bench_gemm() -> dict:
 def _prompts(n: int, tok, seed: int = 0):
     from grpo_app.config import DataConfig
     from grpo_app.data import load_gsm8k
-    from grpo_app.evaluation import prompt_ids
+    from grpo_app.prompts import prompt_ids
 
     probs, source = load_gsm8k("train", DataConfig())
     probs = probs[:n]
@@ -282,7 +282,8 @@ def bench_monitor(samples: int = 400) -> dict:
     its 0.5 s interval, i.e. the fraction of one core it takes from training."""
     import psutil
 
-    from grpo_app.runs import MemorySampler, RunStore, append_jsonl
+    from grpo_app.fileio import append_jsonl
+    from grpo_app.manager import MemorySampler, RunStore
 
     store, proc = RunStore(), psutil.Process(os.getpid())
     interval = MemorySampler(lambda s: None).interval

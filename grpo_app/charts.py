@@ -5,7 +5,7 @@ marks the curriculum: step charts shade each stage's steps, the memory chart (wa
 shades stages and the Fisher passes between them. `layout.uirevision` is set to the run id so a
 browser that re-renders a figure with the same uirevision keeps the user's zoom.
 
-Inputs are the plain records of `runs.RunStore` / a run folder:
+Inputs are the plain records of `manager.RunStore` / a run folder:
   metrics  [{step, stage, stage_name, reward, rewards{name: mean}, loss, kl, ewc_penalty, ...}]
   events   [{time, event, stage, name, ...}]
   memory   [{time, rss_mb}]

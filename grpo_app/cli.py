@@ -30,26 +30,6 @@ def _fmt_pct(x, ci=None) -> str:
     return s
 
 
-def _quiet_libraries() -> None:
-    import logging
-    import warnings
-
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    for name in ("datasets", "math_verify", "latex2sympy2_extended", "trl", "accelerate", "httpx", "huggingface_hub"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", category=UserWarning)
-    try:
-        from datasets.utils.logging import disable_progress_bar
-
-        disable_progress_bar()
-    except Exception:  # pragma: no cover
-        pass
-
-
 def _resolve_model_arg(name: str) -> str:
     """A run id names its trained model; anything else is passed through."""
     from .runs import RUN_ID_RE, runs_root
@@ -123,7 +103,8 @@ def _event_line(ev: dict) -> str:
 
 def cmd_train(args) -> int:
     from .config import ConfigError, load_config
-    from .runs import RunManager, runs_root
+    from .manager import RunManager
+    from .runs import runs_root
 
     try:
         overrides = list(args.set or [])
@@ -154,7 +135,8 @@ def _finish(run, status: str) -> int:
 
 
 def cmd_resume(args) -> int:
-    from .runs import RunManager, runs_root
+    from .manager import RunManager
+    from .runs import runs_root
 
     manager = RunManager(args.runs_dir or runs_root())
     try:
@@ -205,7 +187,7 @@ def cmd_eval(args) -> int:
     print(f"{s['seconds']:.1f} s, {s['tokens_per_s'] or 0:.0f} generated tokens/s")
     if args.out:
         out = Path(args.out)
-        from .runs import atomic_write_json
+        from .fileio import atomic_write_json
 
         atomic_write_json(out, {"model": spec.label, "settings": settings.__dict__, "origin": origin, **res})
         print(f"Saved {out}")
@@ -347,8 +329,9 @@ def _train_in_processes(args) -> int:
     from . import distributed
     from .config import ConfigError, load_config
     from .engine import train
+    from .manager import RunManager
     from .models import pick_device
-    from .runs import RunDir, RunManager, runs_root
+    from .runs import RunDir, runs_root
 
     main = distributed.is_main()
     resume = args.func is cmd_resume
@@ -411,9 +394,11 @@ def _launched_processes() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .system import quiet_libraries
+
     args = build_parser().parse_args(argv)
     if _launched_processes() > 1 and args.func in (cmd_train, cmd_resume):
-        _quiet_libraries()
+        quiet_libraries()
         return _train_in_processes(args)
-    _quiet_libraries()
+    quiet_libraries()
     return args.func(args)

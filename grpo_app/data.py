@@ -1,8 +1,6 @@
-"""Problems, answers and where they come from.
+"""Problems and where they come from (answers are read by answers.py, prompts built by prompts.py).
 
-One answer extractor serves the rewards and the evaluation (nanochat's habit): the final answer is
-the number after the last '####'; evaluation may fall back to the last number in the text and says
-so. Difficulty is the number of calculation steps of a problem's worked solution (GSM8K: its
+Difficulty is the number of calculation steps of a problem's worked solution (GSM8K: its
 '<<a*b=c>>' calculator annotations; arithmetic: its operators; gsm_symbolic: lines with '=').
 
 Sources: GSM8K from a local folder (config or GRPO_APP_GSM8K_DIR), from the hub when it is
@@ -16,95 +14,14 @@ import io
 import json
 import os
 import random
-import re
 import socket
 import threading
 import time
 from dataclasses import asdict, dataclass
-from decimal import Decimal, InvalidOperation
-from fractions import Fraction
 from pathlib import Path
 
-# ------------------------------------------------------------------------------------------------
-# Answers
-# ------------------------------------------------------------------------------------------------
-FINAL_MARK_RE = re.compile(
-    r"####\s*\$?\s*(-?\s*\$?\s*(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\s*\.\d+)(?:\s*/\s*(\d+))?"
-)
-FINAL_LINE_RE = re.compile(
-    r"^\s*####\s*\$?\s*-?\s*\$?\s*(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?(?:\s*/\s*\d+)?\s*\.?\s*$"
-)
-ANY_NUMBER_RE = re.compile(r"-?\$?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
-
-
-def normalize_number(text: str | None) -> str | None:
-    """'$1,200.50' -> '1200.5'; '-3.' -> '-3'; '3/4' -> '0.75'; junk -> None."""
-    if text is None:
-        return None
-    s = str(text).strip().replace(",", "").replace("$", "").replace(" ", "")
-    s = s.rstrip(".")
-    if not s:
-        return None
-    try:
-        if "/" in s:
-            num, den = s.split("/", 1)
-            value = Fraction(Decimal(num)) / Fraction(Decimal(den))
-        else:
-            value = Fraction(Decimal(s))
-    except (InvalidOperation, ValueError, ZeroDivisionError):
-        return None
-    if value.denominator == 1:
-        return str(value.numerator)
-    d = Decimal(value.numerator) / Decimal(value.denominator)
-    return format(d.normalize(), "f")
-
-
-def extract_final_answer(text: str) -> str | None:
-    """The number after the last '####' (GSM8K's convention), normalized; None if there is none."""
-    if not text:
-        return None
-    matches = list(FINAL_MARK_RE.finditer(text))
-    if not matches:
-        return None
-    m = matches[-1]
-    raw = m.group(1) + (f"/{m.group(2)}" if m.group(2) else "")
-    return normalize_number(raw)
-
-
-def extract_answer(text: str, fallback: bool = True) -> tuple[str | None, str]:
-    """(answer, how) with how in {'marker', 'last_number', 'none'}.
-
-    The '####' answer wins. With `fallback`, a text without one is read by its last number
-    (the "flexible" reading many GSM8K harnesses report next to the strict one).
-    """
-    ans = extract_final_answer(text)
-    if ans is not None:
-        return ans, "marker"
-    if fallback and text:
-        nums = ANY_NUMBER_RE.findall(text)
-        for raw in reversed(nums):
-            v = normalize_number(raw)
-            if v is not None:
-                return v, "last_number"
-    return None, "none"
-
-
-def has_final_line(text: str) -> bool:
-    """True when the last non-empty line is exactly a '#### <number>' line (the required format)."""
-    lines = [ln for ln in (text or "").strip().split("\n") if ln.strip()]
-    return bool(lines) and bool(FINAL_LINE_RE.match(lines[-1])) and extract_final_answer(lines[-1]) is not None
-
-
-def answers_match(pred: str | None, gold: str | None) -> bool:
-    if pred is None or gold is None:
-        return False
-    a, b = normalize_number(pred), normalize_number(gold)
-    if a is None or b is None:
-        return False
-    if a == b:
-        return True
-    fa, fb = Fraction(Decimal(a)), Fraction(Decimal(b))
-    return abs(fa - fb) <= Fraction(1, 10**6) * max(1, abs(fb))
+from .answers import extract_final_answer, normalize_number
+from .prompts import build_messages
 
 
 # ------------------------------------------------------------------------------------------------
@@ -230,14 +147,6 @@ def load_gsm8k(split: str, data_cfg) -> tuple[list[Problem], str]:
             raise DataError(f"GSM8K could not be loaded from the hub ({hub_id}): {str(e).splitlines()[0]}") from None
         _GSM8K_CACHE[key] = [gsm8k_problem(r, i, split) for i, r in enumerate(ds)]
     return _GSM8K_CACHE[key], f"hub {hub_id}"
-
-
-def gsm8k_available(data_cfg) -> bool:
-    try:
-        load_gsm8k("test", data_cfg)
-        return True
-    except DataError:
-        return False
 
 
 # ---- Offline generated tasks (reasoning-gym) ---------------------------------------------------
@@ -491,14 +400,6 @@ def heldout_pool(stage, data_cfg, n: int, seed: int, exclude_questions: set[str]
         seen.add(p.question)
         kept.append(p)
     return StagePool(kept[:n], f"held-out {pool.origin}", pool.source)
-
-
-def build_messages(question: str, system_prompt: str) -> list[dict]:
-    msgs = []
-    if system_prompt:
-        msgs.append({"role": "system", "content": system_prompt})
-    msgs.append({"role": "user", "content": question})
-    return msgs
 
 
 def to_rows(problems: list[Problem], system_prompt: str) -> list[dict]:

@@ -1,7 +1,9 @@
 """The training job: curriculum stages of GRPO, a Fisher at each stage end, EWC in later stages.
 
-`train(cfg, run, reporter, resume)` is what the CLI and the web app both call. It reports through a
-small interface (`event`, `metrics`, `step`, `status`, `should_stop`) and never imports the UI.
+`train(cfg, run, reporter, resume)` is what the run manager (and so the CLI and the web app) calls. It
+reports through a small interface (`event`, `metrics`, `step`, `status`, `should_stop`), never imports the
+UI or the manager, and ends with the trained model saved in the run folder: the evaluation that follows is
+the manager's.
 
 Per stage: draw the stage's problems, build a `CurriculumGRPOTrainer` (a fresh AdamW each stage),
 train `stage.steps` optimizer steps, then (if a later stage follows and EWC is on) estimate the
@@ -24,13 +26,15 @@ from transformers import TrainerCallback
 
 from . import distributed
 from .config import Config
-from .data import build_messages, stage_pool, to_rows
+from .data import stage_pool, to_rows
 from .ewc import EWCState, compute_fisher
+from .fileio import atomic_write_json, staged_dir
 from .generation import SamplingParams, generate_completions, use_fast_attention
 from .lean import layer_hooks, make_lean
 from .models import apply_lora, count_parameters, freeze_embeddings, load_model
+from .prompts import prompt_ids
 from .rewards import build_rewards
-from .runs import RunDir, atomic_write_json
+from .runs import RunDir
 from .trainer import CurriculumGRPOTrainer, EngineOptions, restore_forward
 
 
@@ -183,11 +187,7 @@ def _reference_samples(tokenizer, problems, system_prompt: str, n: int, seed: in
     picks = rng.sample(problems, min(n, len(problems)))
     out = []
     for p in picks:
-        prompt = tokenizer.apply_chat_template(
-            build_messages(p.question, system_prompt), add_generation_prompt=True, tokenize=True
-        )
-        if isinstance(prompt, dict) or hasattr(prompt, "keys"):
-            prompt = prompt["input_ids"]
+        prompt = prompt_ids(tokenizer, p.question, system_prompt)
         completion = tokenizer(p.solution, add_special_tokens=False)["input_ids"]
         out.append((prompt, completion))
     return out
@@ -197,12 +197,7 @@ def _fresh_samples(model, tokenizer, problems, cfg: Config, n: int, seed: int):
     """Sample the policy once per prompt (used when a resumed run has no recent samples)."""
     rng = random.Random(seed)
     picks = rng.sample(problems, min(n, len(problems)))
-    prompts = []
-    for p in picks:
-        ids = tokenizer.apply_chat_template(
-            build_messages(p.question, cfg.data.system_prompt), add_generation_prompt=True, tokenize=True
-        )
-        prompts.append(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    prompts = [prompt_ids(tokenizer, p.question, cfg.data.system_prompt) for p in picks]
     params = SamplingParams(
         max_new_tokens=cfg.grpo.max_completion_length,
         temperature=cfg.grpo.temperature,
@@ -233,11 +228,6 @@ def prepare_model(cfg: Config, device: str = "auto"):
 
 def save_final(model, tokenizer, run: RunDir, info: dict) -> Path:
     """Save a from_pretrained-loadable model into run/final (LoRA merged), atomically."""
-    import shutil
-    import uuid
-
-    target = run.final_dir
-    tmp = target.parent / f".final.tmp-{uuid.uuid4().hex[:6]}"
     to_save = model
     try:
         from peft import PeftModel
@@ -250,15 +240,13 @@ def save_final(model, tokenizer, run: RunDir, info: dict) -> Path:
         pass
     restore_forward(to_save)
     to_save.config._attn_implementation = "sdpa"
-    to_save.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "grpo_app.json").write_text(json.dumps(info, indent=1))
-    if target.exists():
-        shutil.rmtree(target)
-    tmp.replace(target)
+    with staged_dir(run.final_dir) as tmp:
+        to_save.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "grpo_app.json").write_text(json.dumps(info, indent=1))
     if hasattr(model, "set_attn_implementation"):
         use_fast_attention(model)
-    return target
+    return run.final_dir
 
 
 def load_checkpoint_weights(model, folder: Path) -> None:
@@ -505,12 +493,5 @@ def train(cfg: Config, run: RunDir, reporter=None, resume: bool = False) -> str:
         return "completed"
     path = save_final(job.model, job.tok, run, info)
     distributed.barrier()
-    reporter.event("final_saved", path=str(path))
-    if cfg.run.eval_n > 0:
-        from .evaluation import evaluate_run_vs_base
-
-        reporter.status(phase="evaluating base vs trained")
-        res = evaluate_run_vs_base(run, n=cfg.run.eval_n)
-        reporter.event("eval_done", **{key: res[key] for key in ("n", "base_accuracy", "trained_accuracy", "p_value")})
-    reporter.event("finished", seconds=round(time.time() - job.t_start, 1))
+    reporter.event("final_saved", path=str(path.relative_to(run.path)))
     return "completed"

@@ -1,6 +1,6 @@
 """Evaluation: batched greedy decoding, accuracy with 95% Wilson intervals, paired McNemar tests.
 
-Scoring uses the same extractor as the rewards (`data.extract_answer`):
+Scoring uses the same extractor as the rewards (`answers.extract_answer`):
 - accuracy (headline): the '####' answer, or else the last number in the output (flexible
   reading, fair to a base model that never writes '####');
 - strict accuracy: only a '####' answer counts (what the training reward pays for);
@@ -21,10 +21,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .answers import extract_answer, has_final_line
 from .config import DEFAULT_SYSTEM_PROMPT, DataConfig, StageConfig
-from .data import Problem, build_messages, extract_answer, has_final_line, heldout_pool, load_gsm8k
+from .data import Problem, heldout_pool, load_gsm8k
 from .generation import SamplingParams, generate_completions, use_fast_attention
 from .models import load_model, models_root, quantize_int8, resolve_model
+from .prompts import prompt_ids
 from .rewards import is_correct
 
 Z95 = 1.959963984540054
@@ -110,13 +112,6 @@ def eval_problems(
             pass
     pool = heldout_pool(stage, data_cfg, settings.n, settings.seed, exclude_questions)
     return pool.problems, pool.origin
-
-
-def prompt_ids(tokenizer, question: str, system_prompt: str) -> list[int]:
-    ids = tokenizer.apply_chat_template(
-        build_messages(question, system_prompt), add_generation_prompt=True, tokenize=True
-    )
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
 def score_output(text: str, gold: str) -> dict:
@@ -309,7 +304,7 @@ def compare_models(
 
 
 def save_compare(result: dict, path: Path) -> None:
-    from .runs import atomic_write_json, atomic_write_text
+    from .fileio import atomic_write_json, atomic_write_text
 
     atomic_write_json(path, result)
     atomic_write_text(path.with_suffix(".csv"), compare_csv(result))

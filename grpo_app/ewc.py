@@ -27,7 +27,6 @@ norm the penalty would set the clip factor and shrink every policy update with i
 from __future__ import annotations
 
 import json
-import os
 import struct
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -38,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from . import distributed
+from .fileio import atomic_open, atomic_write_json
 
 
 def trainable_parameters(model) -> list[tuple[str, torch.nn.Parameter]]:
@@ -241,8 +241,7 @@ def write_tensors(path: Path, entries: list[tuple[str, tuple[int, ...], torch.dt
         offset += nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # safetensors aligns the data to 8 bytes
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    with atomic_open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
         for key, shape, dtype, make in entries:
@@ -251,9 +250,6 @@ def write_tensors(path: Path, entries: list[tuple[str, tuple[int, ...], torch.dt
                 raise ValueError(f"{key}: expected {tuple(shape)} {dtype}, got {tuple(t.shape)} {t.dtype}")
             f.write(_bytes_of(t))
             del t
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
 
 
 # The Fisher is a weight per parameter: bfloat16's 8 significant bits (<= 0.4% relative rounding) are plenty,
@@ -372,9 +368,7 @@ class EWCState:
     # ---- persistence --------------------------------------------------------------------------
     def _write_meta(self, folder: Path) -> None:
         meta = {"lam": self.lam, "gamma": self.gamma, "normalize": self.normalize, "stages": self.stages}
-        tmpj = Path(folder) / "ewc.json.tmp"
-        tmpj.write_text(json.dumps(meta, indent=2))
-        tmpj.replace(Path(folder) / "ewc.json")
+        atomic_write_json(Path(folder) / "ewc.json", meta)
 
     def save(self, folder: Path) -> None:
         folder = Path(folder)

@@ -155,14 +155,6 @@ class JobQueue:
             self.cancel(job_id, "its page was closed")
         return out
 
-    def busy(self) -> bool:
-        with self._cond:
-            return self._running is not None or bool(self._queue)
-
-    def pending(self) -> int:
-        with self._cond:
-            return len(self._queue)
-
     def shutdown(self, wait: float | None = 5.0) -> None:
         with self._cond:
             self._closed = True

@@ -11,16 +11,14 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import re
-import shutil
 import threading
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .config import HUB_ID_RE, PROJECT_ROOT
+from .fileio import staged_dir
 
 log = logging.getLogger(__name__)
 
@@ -76,13 +74,9 @@ def embedded_model_dir() -> Path:
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
         model.load_state_dict(q.state_dict(), strict=True)
         model.generation_config = q.generation_config
-        tmp = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
+        with staged_dir(target) as tmp:
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
         return target
 
 
@@ -310,11 +304,3 @@ def quantize_int8(model):
 
 def model_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
-
-
-_SAFE_RE = re.compile(r"[^A-Za-z0-9_.-]+")
-
-
-def safe_slug(text: str, max_len: int = 48) -> str:
-    s = _SAFE_RE.sub("-", text).strip("-.")
-    return s[:max_len] or "model"

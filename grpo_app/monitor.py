@@ -15,7 +15,9 @@ import threading
 import time
 from pathlib import Path
 
-from .runs import ACTIVE, RunDir, RunManager, read_json, read_jsonl
+from .fileio import read_json, read_jsonl
+from .manager import RunManager
+from .runs import ACTIVE, RunDir
 
 STATE_WORDS = {
     "idle": "no run yet",

@@ -13,10 +13,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from .data import MAX_QUESTION_CHARS, normalize_number
-from .evaluation import load_for_eval, prompt_ids, score_output
+from .answers import normalize_number
+from .data import MAX_QUESTION_CHARS
+from .evaluation import load_for_eval, score_output
 from .generation import SamplingParams, generate_completions
 from .models import model_bytes
+from .prompts import prompt_ids
 from .rewards import score_text
 
 MAX_TRY_CHARS = 2000  # a question longer than this is almost certainly a paste error

@@ -2,7 +2,7 @@
 
 They are pure (no state, no I/O, no `signal`), so they run in the training thread and are trivial
 to test. Each one is logged separately by TRL under `rewards/<name>/mean`. Answers are read by the
-same extractor the evaluation uses (`data.extract_answer`).
+same extractor the evaluation uses (`answers.extract_answer`).
 
 math-verify is used only as a fallback for answers our numeric parser cannot read (LaTeX fractions,
 '\\boxed{..}'), with its signal-based timeouts disabled (`parsing_timeout=None`,
@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from .data import FINAL_MARK_RE, answers_match, extract_answer, extract_final_answer, has_final_line
+from .answers import FINAL_MARK_RE, answers_match, extract_answer, extract_final_answer, has_final_line
 
 _MATH_VERIFY_MAX_CHARS = 200
 

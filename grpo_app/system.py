@@ -113,3 +113,26 @@ def system_info() -> dict:
         "platform": platform.platform(),
         "embedded_model": embedded_model_info(),
     }
+
+
+def quiet_libraries() -> None:
+    """Silence the libraries' progress bars, info logs and deprecation warnings (the app and the CLI
+    print their own progress; a library's warning on every stage drowns it)."""
+    import logging
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    for name in ("datasets", "math_verify", "latex2sympy2_extended", "trl", "accelerate", "httpx", "huggingface_hub"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    try:
+        from datasets.utils.logging import disable_progress_bar
+
+        disable_progress_bar()
+    except Exception:  # pragma: no cover
+        pass

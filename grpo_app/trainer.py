@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import shutil
 import time
 from collections import deque
@@ -40,6 +39,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 from trl import GRPOTrainer
 
+from .fileio import publish_dir
 from .generation import SamplingParams, generate_completions
 from .optim import AdamWBF16Moments, trim_heap
 
@@ -503,9 +503,6 @@ class CurriculumGRPOTrainer(GRPOTrainer):
             if self.checkpoint_hook is not None:
                 self.checkpoint_hook(folder, self)
             (folder / "COMPLETE").write_text(str(time.time()))
-            target = final_root / name
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(folder, target)
+            publish_dir(folder, final_root / name)
             shutil.rmtree(staging, ignore_errors=True)
         self.accelerator.wait_for_everyone()

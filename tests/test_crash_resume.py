@@ -12,7 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from grpo_app.runs import RunDir, RunManager
+from grpo_app.manager import RunManager
+from grpo_app.runs import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent
 # The CLI, with the tests' text_length reward registered (a random model's texts differ in length, so

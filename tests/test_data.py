@@ -1,17 +1,13 @@
 import pytest
 
+from grpo_app.answers import answers_match, extract_answer, extract_final_answer, has_final_line, normalize_number
 from grpo_app.config import DataConfig, StageConfig
 from grpo_app.data import (
     DataError,
-    answers_match,
-    extract_answer,
-    extract_final_answer,
     gsm8k_difficulty,
-    has_final_line,
     heldout_pool,
     load_gsm8k,
     make_arithmetic,
-    normalize_number,
     parse_custom_dataset,
     stage_pool,
 )

@@ -113,7 +113,7 @@ def test_a_stopped_run_resumes_in_two_processes(tmp_path, env, varied_reward):
     import time
 
     from grpo_app.config import load_config
-    from grpo_app.runs import RunManager
+    from grpo_app.manager import RunManager
 
     cfg = load_config("tests/configs/tiny.yaml", [f"run.output_dir={tmp_path}", "stages[0].steps=3",
                                                   "rewards.weights={correctness: 1.0, text_length: 1.0}"])

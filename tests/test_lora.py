@@ -5,8 +5,8 @@ import torch
 
 from grpo_app.config import ModelConfig
 from grpo_app.generation import SamplingParams, generate_completions
+from grpo_app.manager import RunManager
 from grpo_app.models import apply_lora
-from grpo_app.runs import RunManager
 from grpo_app.trainer import lora_merged
 
 from .conftest import make_tiny

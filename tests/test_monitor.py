@@ -9,7 +9,9 @@ import pytest
 
 from grpo_app import monitor
 from grpo_app.config import load_config
-from grpo_app.runs import RunDir, RunStore, append_jsonl, atomic_write_json
+from grpo_app.fileio import append_jsonl, atomic_write_json
+from grpo_app.manager import RunStore
+from grpo_app.runs import RunDir
 
 
 def make_run(root, name="r", steps=(3, 2), status="completed", n_metrics=0, checkpoint=None, **status_fields):

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from grpo_app.config import load_config
-from grpo_app.runs import RunDir, RunInProgressError, RunManager, append_jsonl, read_jsonl
+from grpo_app.fileio import append_jsonl, read_jsonl
+from grpo_app.manager import RunInProgressError, RunManager
+from grpo_app.runs import RunDir
 
 
 def tiny_cfg(runs, *extra):

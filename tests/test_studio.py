@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_app.runs import RunManager
+from grpo_app.manager import RunManager
 from grpo_app.ui.forms import FormError, TrainForm
 from grpo_app.ui.studio import FigureCache, Studio, ViewCache
 

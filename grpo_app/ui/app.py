@@ -22,7 +22,8 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 
-from ..runs import RunManager  # noqa: E402
+from ..manager import RunManager  # noqa: E402
+from ..system import quiet_libraries  # noqa: E402
 from .compare_tab import create_compare_tab  # noqa: E402
 from .runs_tab import create_runs_tab  # noqa: E402
 from .studio import Limits, Studio  # noqa: E402
@@ -185,23 +186,9 @@ def queue_kwargs() -> dict:
     }
 
 
-def _quiet_libraries() -> None:
-    import warnings
-
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    for name in ("datasets", "math_verify", "latex2sympy2_extended", "trl", "accelerate", "httpx", "huggingface_hub"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", category=UserWarning)
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-
-
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    _quiet_libraries()
+    quiet_libraries()
     demo = build_app()
     studio: Studio = demo.studio
     stop_asked = threading.Event()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from html import escape
 
 import gradio as gr
 from gradio.components.plot import PlotData
@@ -24,11 +23,6 @@ def slot(messages: list[str] | None):
     if not messages:
         return gr.update(value="", visible=False)
     return gr.update(value="\n".join(f"⚠ {m}" for m in messages), visible=True)
-
-
-def message_html(text: str, ok: bool = False) -> str:
-    cls = "job" if ok else "job job-bad"
-    return f'<div class="{cls}">{escape(text)}</div>'
 
 
 def guard(what: str):

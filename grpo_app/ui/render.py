@@ -214,11 +214,6 @@ def _md_safe(text: str) -> str:
     return escape(text, quote=False).replace("[", "\\[").replace("]", "\\]")
 
 
-def config_errors_md(errors: list[tuple[str, str]]) -> str:
-    lines = "\n".join(f"- **{p}**: {m}" for p, m in errors)
-    return f"**Nothing was started — fix these settings:**\n{lines}"
-
-
 # ------------------------------------------------------------------------------------------------
 # Compare tab
 # ------------------------------------------------------------------------------------------------

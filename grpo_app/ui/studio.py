@@ -29,11 +29,13 @@ from ..charts import (
 )
 from ..config import CONFIG_DIR, ConfigError, DataConfig
 from ..data import DataError, load_gsm8k, make_arithmetic, parse_custom_dataset
+from ..fileio import read_json
 from ..jobs import JobQueue
+from ..manager import RunInProgressError, RunManager
 from ..models import allowed_model_roots
-from ..monitor import current_view, disk_view, live_view, progress, resumable, resume_target
+from ..monitor import current_view, disk_view, live_view, progress, resume_target
 from ..playground import ModelCache, check_gold, check_question
-from ..runs import RunDir, RunInProgressError, RunManager, read_json, validate_run_id
+from ..runs import RunDir, validate_run_id
 from . import forms
 from .forms import FormError, TrainForm
 
@@ -607,9 +609,6 @@ class Studio:
         finally:
             self.views.invalidate()
         return Result(True, f"Deleted **{run.id}**.", run_id=run.id)
-
-    def resumable_runs(self) -> list[str]:
-        return [r.id for r in self.manager.runs()[:50] if resumable(r)]
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def shutdown(self, timeout: float = 600.0) -> str:

@@ -1,0 +1,111 @@
+"""The one answer reader: rewards, the sampler's early stop and the evaluation all call it (nanochat's habit).
+
+The final answer is the number after the last '####' (GSM8K's convention). Evaluation may fall back to
+the last number in the text and says so (`extract_answer`'s `how`). `has_final_line` is the format
+check: the last non-empty line is exactly '#### <number>'. Numbers from users (Try's expected answer,
+uploaded answers) go through `normalize_number` too, whose bounds make it safe on untrusted text.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+
+FINAL_MARK_RE = re.compile(
+    r"####\s*\$?\s*(-?\s*\$?\s*(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\s*\.\d+)(?:\s*/\s*(\d+))?"
+)
+FINAL_LINE_RE = re.compile(
+    r"^\s*####\s*\$?\s*-?\s*\$?\s*(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?(?:\s*/\s*\d+)?\s*\.?\s*$"
+)
+ANY_NUMBER_RE = re.compile(r"-?\$?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
+
+
+# A number as people and models write it, once '$', ',' and spaces are gone: digits with an optional
+# sign and decimal point; no exponent, no 'inf' or 'NaN'. Lengths are bounded, so a hostile value (a
+# '1e999999999' or ten thousand digits) is refused at once instead of building a huge integer while the
+# GIL is held (which stalls every other page of a shared server).
+MAX_NUMBER_DIGITS = 40
+_PLAIN_NUMBER_RE = re.compile(r"-?(?:\d+(?:\.\d*)?|\.\d+)")
+
+
+def _plain_fraction(s: str) -> Fraction | None:
+    if len(s) > MAX_NUMBER_DIGITS + 2 or not _PLAIN_NUMBER_RE.fullmatch(s):
+        return None
+    return Fraction(Decimal(s))
+
+
+def normalize_number(text: str | None) -> str | None:
+    """'$1,200.50' -> '1200.5'; '-3.' -> '-3'; '3/4' -> '0.75'; junk, exponents, inf/NaN and numbers of
+    more than MAX_NUMBER_DIGITS digits -> None."""
+    if text is None:
+        return None
+    s = str(text)
+    if len(s) > 4 * MAX_NUMBER_DIGITS:
+        return None
+    s = s.strip().replace(",", "").replace("$", "").replace(" ", "")
+    s = s.rstrip(".")
+    if not s:
+        return None
+    try:
+        if "/" in s:
+            num, den = (_plain_fraction(part) for part in s.split("/", 1))
+            value = None if num is None or den is None else num / den
+        else:
+            value = _plain_fraction(s)
+    except (InvalidOperation, ValueError, ZeroDivisionError):
+        return None
+    if value is None:
+        return None
+    if value.denominator == 1:
+        return str(value.numerator)
+    d = Decimal(value.numerator) / Decimal(value.denominator)
+    return format(d.normalize(), "f")
+
+
+def extract_final_answer(text: str) -> str | None:
+    """The number after the last '####' (GSM8K's convention), normalized; None if there is none."""
+    if not text:
+        return None
+    matches = list(FINAL_MARK_RE.finditer(text))
+    if not matches:
+        return None
+    m = matches[-1]
+    raw = m.group(1) + (f"/{m.group(2)}" if m.group(2) else "")
+    return normalize_number(raw)
+
+
+def extract_answer(text: str, fallback: bool = True) -> tuple[str | None, str]:
+    """(answer, how) with how in {'marker', 'last_number', 'none'}.
+
+    The '####' answer wins. With `fallback`, a text without one is read by its last number
+    (the "flexible" reading many GSM8K harnesses report next to the strict one).
+    """
+    ans = extract_final_answer(text)
+    if ans is not None:
+        return ans, "marker"
+    if fallback and text:
+        nums = ANY_NUMBER_RE.findall(text)
+        for raw in reversed(nums):
+            v = normalize_number(raw)
+            if v is not None:
+                return v, "last_number"
+    return None, "none"
+
+
+def has_final_line(text: str) -> bool:
+    """True when the last non-empty line is exactly a '#### <number>' line (the required format)."""
+    lines = [ln for ln in (text or "").strip().split("\n") if ln.strip()]
+    return bool(lines) and bool(FINAL_LINE_RE.match(lines[-1])) and extract_final_answer(lines[-1]) is not None
+
+
+def answers_match(pred: str | None, gold: str | None) -> bool:
+    if pred is None or gold is None:
+        return False
+    a, b = normalize_number(pred), normalize_number(gold)
+    if a is None or b is None:
+        return False
+    if a == b:
+        return True
+    fa, fb = Fraction(Decimal(a)), Fraction(Decimal(b))
+    return abs(fa - fb) <= Fraction(1, 10**6) * max(1, abs(fb))

@@ -1,0 +1,337 @@
+"""The RunManager: the one training job of a server, its live store, its memory sampler and its lock.
+
+It sits above the engine: it creates or reopens a run folder (runs.py), trains in a background thread
+through `engine.train`, and after a completed training starts the base-vs-trained evaluation
+(`evaluation.evaluate_run_vs_base`). What the engine reports goes to the run folder and to a `RunStore`
+that pages poll; the UI and the CLI read this manager, never the engine's internals.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import threading
+import time
+import traceback
+from pathlib import Path
+
+import psutil
+
+from .config import Config
+from .fileio import append_jsonl, atomic_write_json, read_json
+from .runs import ACTIVE, RunDir, list_runs, runs_root, validate_run_id
+
+
+# ------------------------------------------------------------------------------------------------
+# Live store: what pages poll. One lock; snapshots are copies.
+# ------------------------------------------------------------------------------------------------
+class RunStore:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.reset(None)
+
+    def reset(self, run: RunDir | None, metrics=None, events=None, memory=None, step=None):
+        with self._lock:
+            self.run_id = run.id if run else None
+            self.metrics: list[dict] = list(metrics or [])
+            self.events: list[dict] = list(events or [])
+            self.memory: list[dict] = list(memory or [])
+            self.latest_step: dict | None = step
+            self.status: dict = {"status": "idle"} if run is None else (run.read_status() or {})
+            self.version = 0
+
+    def add_metric(self, rec):
+        with self._lock:
+            self.metrics.append(rec)
+            self.version += 1
+
+    def add_event(self, ev):
+        with self._lock:
+            self.events.append(ev)
+            self.version += 1
+
+    def add_memory(self, sample):
+        with self._lock:
+            self.memory.append(sample)
+            if len(self.memory) > 20000:  # keep charts light on very long runs: thin the oldest half
+                self.memory = self.memory[:10000:2] + self.memory[10000:]
+
+    def set_step(self, step):
+        with self._lock:
+            self.latest_step = step
+            self.version += 1
+
+    def update_status(self, **fields):
+        with self._lock:
+            self.status.update(fields)
+            self.version += 1
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return {
+                "run_id": self.run_id,
+                "status": dict(self.status),
+                "metrics": list(self.metrics),
+                "events": list(self.events),
+                "memory": list(self.memory),
+                "latest_step": self.latest_step,
+                "version": self.version,
+            }
+
+
+class MemorySampler:
+    """Samples this process's RSS every `interval` s (generation included) into a callback."""
+
+    def __init__(self, on_sample, interval: float = 0.5):
+        self.on_sample, self.interval = on_sample, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
+        self.peak = 0
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def _loop(self):
+        proc = psutil.Process(os.getpid())
+        while not self._stop.is_set():
+            rss = proc.memory_info().rss
+            self.peak = max(self.peak, rss)
+            try:
+                self.on_sample({"time": time.time(), "rss_mb": rss / 2**20})
+            except Exception:
+                pass
+            self._stop.wait(self.interval)
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+
+# ------------------------------------------------------------------------------------------------
+# The manager: one training job per server (a lock file guards it across processes too)
+# ------------------------------------------------------------------------------------------------
+class RunInProgressError(RuntimeError):
+    pass
+
+
+class _TrainLock:
+    """An exclusive lock file: held while a training job runs in this process."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fh = None
+
+    def acquire(self) -> bool:
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(self.path, "a+")
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.close()
+            return False
+        self.fh = fh
+        return True
+
+    def release(self):
+        if self.fh is not None:
+            import fcntl
+
+            with contextlib.suppress(OSError):
+                fcntl.flock(self.fh.fileno(), fcntl.LOCK_UN)
+            self.fh.close()
+            self.fh = None
+
+
+class _JobReporter:
+    """What the engine talks to: writes to the run folder and the live store."""
+
+    def __init__(self, run: RunDir, store: RunStore, stop_event: threading.Event):
+        self.run, self.store, self.stop_event = run, store, stop_event
+
+    def event(self, kind: str, **data):
+        ev = self.run.append_event(kind, **data)
+        self.store.add_event(ev)
+
+    def metrics(self, rec: dict):
+        self.run.append_metric(rec)
+        self.store.add_metric(rec)
+
+    def step(self, snapshot: dict):
+        atomic_write_json(self.run.step_path, snapshot)
+        self.store.set_step(snapshot)
+
+    def status(self, **fields):
+        st = self.run.write_status(**fields)
+        self.store.update_status(**st)
+
+    def should_stop(self) -> bool:
+        return self.stop_event.is_set()
+
+
+class RunManager:
+    def __init__(self, root: str | Path | None = None):
+        self.root = Path(root) if root else runs_root()
+        self.store = RunStore()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._run: RunDir | None = None
+        self._file_lock = _TrainLock(self.root / ".train.lock")
+
+    # ---- state --------------------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def current_run(self) -> RunDir | None:
+        return self._run
+
+    def snapshot(self) -> dict:
+        snap = self.store.snapshot()
+        snap["active"] = self.active
+        return snap
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def start(self, cfg: Config, before_launch=None) -> RunDir:
+        """Create a run folder for `cfg` and train in a background thread (`before_launch(run)` runs first)."""
+        cfg.validate()
+        with self._lock:
+            self._claim()
+            try:
+                run = RunDir.create(self.root, cfg)
+                if before_launch is not None:
+                    before_launch(run)
+            except Exception:
+                self._file_lock.release()
+                raise
+            self._launch(run, resume=False)
+            return run
+
+    def resume(self, run_id: str, before_launch=None) -> RunDir:
+        run_id = validate_run_id(run_id)
+        run = RunDir(self.root / run_id)
+        if not run.config_path.is_file():
+            raise ValueError(f"no run '{run_id}' under {self.root}.")
+        with self._lock:
+            status = run.effective_status()
+            if status == "completed":
+                raise ValueError(f"run '{run_id}' already completed; start a new run instead.")
+            if run.latest_checkpoint() is None:
+                raise ValueError(f"run '{run_id}' has no complete checkpoint to resume from; start it again.")
+            self._claim()
+            try:
+                if before_launch is not None:
+                    before_launch(run)
+            except Exception:
+                self._file_lock.release()
+                raise
+            self._launch(run, resume=True)
+            return run
+
+    def _claim(self):
+        if self.active:
+            raise RunInProgressError(f"a run is in progress ({self._run.id if self._run else '?'}); stop it or wait.")
+        if not self._file_lock.acquire():
+            raise RunInProgressError("a run is in progress in another process on this server; wait for it to finish.")
+
+    def _launch(self, run: RunDir, resume: bool):
+        self._stop = threading.Event()
+        self._run = run
+        self.store.reset(
+            run,
+            metrics=run.metrics() if resume else [],
+            events=run.events() if resume else [],
+            memory=run.memory() if resume else [],
+            step=read_json(run.step_path) if resume else None,
+        )
+        run.write_status(
+            status="running",
+            pid=os.getpid(),
+            pid_started=psutil.Process(os.getpid()).create_time(),
+            error=None,
+            **({} if resume else {"started": time.time()}),
+        )
+        self.store.update_status(**run.read_status())
+        self._thread = threading.Thread(
+            target=self._work, args=(run, resume, self._stop), name=f"train-{run.id}", daemon=True
+        )
+        self._thread.start()
+
+    def _work(self, run: RunDir, resume: bool, stop: threading.Event):
+        from .engine import train
+
+        reporter = _JobReporter(run, self.store, stop)
+
+        def on_mem(sample):
+            self.store.add_memory(sample)
+            with contextlib.suppress(OSError):
+                append_jsonl(run.memory_path, sample)
+
+        sampler = MemorySampler(on_mem).start()
+        t0 = time.time()
+        try:
+            cfg = run.config()
+            final = train(cfg, run, reporter, resume=resume)
+            if final == "completed" and run.has_final_model():
+                self._evaluate(run, cfg, reporter)
+                reporter.event("finished", seconds=round(time.time() - t0, 1))
+            reporter.status(status=final, ended=time.time(), peak_rss_mb=sampler.peak / 2**20)
+        except BaseException as e:  # noqa: BLE001 - a crash marks the run failed, the app keeps serving
+            msg = f"{type(e).__name__}: {e}"
+            reporter.event("error", message=msg, traceback=traceback.format_exc()[-4000:])
+            reporter.status(status="failed", error=msg, ended=time.time(), peak_rss_mb=sampler.peak / 2**20)
+        finally:
+            sampler.stop()
+            self._file_lock.release()
+
+    @staticmethod
+    def _evaluate(run: RunDir, cfg: Config, reporter) -> None:
+        """The after-training comparison of the trained model with its base (`run.eval_n` GSM8K problems)."""
+        if cfg.run.eval_n <= 0:
+            return
+        from .evaluation import evaluate_run_vs_base
+
+        reporter.status(phase="evaluating base vs trained")
+        res = evaluate_run_vs_base(run, n=cfg.run.eval_n)
+        reporter.event("eval_done", **{key: res[key] for key in ("n", "base_accuracy", "trained_accuracy", "p_value")})
+
+    def stop(self) -> bool:
+        """Ask the running job to stop at the next step boundary (it saves a checkpoint). False if none runs."""
+        if not self.active:
+            return False
+        if not self._stop.is_set():
+            self._stop.set()
+            if self._run is not None:
+                self._run.write_status(status="stopping")
+                self.store.update_status(status="stopping")
+        return True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        t = self._thread
+        if t is not None:
+            t.join(timeout)
+        return not self.active
+
+    # ---- history ------------------------------------------------------------------------------
+    def runs(self) -> list[RunDir]:
+        return list_runs(self.root)
+
+    def get(self, run_id: str) -> RunDir:
+        run_id = validate_run_id(run_id)
+        run = RunDir(self.root / run_id)
+        if not run.config_path.is_file():
+            raise ValueError(f"no run '{run_id}'.")
+        return run
+
+    def delete(self, run_id: str) -> None:
+        run = self.get(run_id)
+        if self.active and self._run is not None and self._run.id == run.id:
+            raise RunInProgressError("this run is in progress; stop it before deleting it.")
+        if run.effective_status() in ACTIVE:
+            raise RunInProgressError("this run is in progress in another process.")
+        shutil.rmtree(run.path)
