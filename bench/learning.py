@@ -172,14 +172,8 @@ def markdown(result: dict) -> str:
 
 def main() -> None:
     from grpo_app.config import load_config
-    from grpo_app.evaluation import (
-        EvalSettings,
-        heldout_problems,
-        paired,
-        stage_eval_settings,
-        training_questions,
-    )
-    from grpo_app.runs import runs_root
+    from grpo_app.evaluation import CompareSpec, EvalSettings, paired, training_questions
+    from grpo_app.runs import RunDir, runs_root
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="classroom")
@@ -221,25 +215,21 @@ def main() -> None:
         path, secs = train_variant(vcfg, f"{run_prefix}-{name}", root)
         trained[name] = {"run": str(path), "train_seconds": round(secs, 1)}
 
+    # The problem sets, described as the app's Compare tab describes them (evaluation.CompareSpec): every
+    # variant trains on the same problems, so any of the runs defines what is held out.
+    ref_run = RunDir(Path(next(iter(trained.values()))["run"]))
+    specs: dict[str, CompareSpec] = {}
+    for k, st in enumerate(cfg.stages):
+        if st.source != "gsm8k":  # (GSM8K stages are covered by the GSM8K column)
+            specs[f"stage {k + 1}: {st.name}"] = CompareSpec.for_run(ref_run, f"stage:{k}", a.n, a.eval_seed)
+    if a.gsm8k_n:
+        specs["GSM8K test"] = CompareSpec.for_run(ref_run, "gsm8k", a.gsm8k_n, a.eval_seed, max_new_tokens=256)
     exclude = training_questions(cfg)
     sets: dict[str, tuple] = {}
-    for k, st in enumerate(cfg.stages):
-        if st.source == "gsm8k":
-            continue  # covered by the GSM8K column
-        s = stage_eval_settings(cfg, k, a.n, seed=a.eval_seed)
-        s.batch_size = a.eval_batch
-        probs, origin = heldout_problems(cfg, k, s, exclude)
-        sets[f"stage {k + 1}: {st.name}"] = (probs, s, origin)
-    if a.gsm8k_n:
-        s = EvalSettings(
-            n=a.gsm8k_n,
-            seed=a.eval_seed,
-            system_prompt=cfg.data.system_prompt,
-            max_new_tokens=256,
-            batch_size=a.eval_batch,
-        )
-        probs, origin = heldout_problems(cfg, 0, s, exclude)
-        sets["GSM8K test"] = (probs, s, origin)
+    for set_name, spec in specs.items():
+        spec.settings.batch_size = a.eval_batch
+        probs, origin = spec.problems(exclude)
+        sets[set_name] = (probs, spec.settings, origin)
 
     models = {"base": cfg.model.name, **{k: str(Path(v["run"]) / "final") for k, v in trained.items()}}
     # Forgetting: the model at the end of stage 1 (identical in both variants: same config and seeds up

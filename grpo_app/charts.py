@@ -188,6 +188,38 @@ def _step_axis(fig: go.Figure, spans: list[dict]) -> None:
     fig.update_xaxes(rangemode="tozero", tickformat="d")
 
 
+def _line(fig: go.Figure, xs, ys, name: str, color: str, width: int = 2, dash: str | None = None,
+          markers: bool = False, right: bool = False, **kw) -> bool:
+    """Add one line (markers too with `markers`, on the right-hand axis with `right`); nothing when there
+    are no points. Returns whether it was added."""
+    if not xs:
+        return False
+    fig.add_trace(
+        go.Scatter(
+            x=xs,
+            y=ys,
+            name=name,
+            mode="lines+markers" if markers else "lines",
+            line=dict(color=color, width=width, dash=dash),
+            yaxis="y2" if right else None,
+            **kw,
+        )
+    )
+    return True
+
+
+def _step_figure(metrics, stages, title: str, ytitle: str, uirevision, add_traces, y2title: str | None = None):
+    """A chart over optimizer steps: `add_traces(fig)` draws the lines (returns whether a right-axis line was
+    drawn), then the stages are shaded and the axes laid out the same way for every training chart."""
+    fig = go.Figure()
+    right = add_traces(fig)
+    spans = stage_spans(metrics, stages)
+    _shade(fig, spans)
+    _layout(fig, title, "step", ytitle, uirevision, y2title=y2title if right else None)
+    _step_axis(fig, spans)
+    return fig, right
+
+
 # ------------------------------------------------------------------------------------------------
 # Training charts (x = optimizer step)
 # ------------------------------------------------------------------------------------------------
@@ -197,50 +229,22 @@ def reward_figure(metrics: list[dict], stages: list[dict] | None = None, uirevis
     xs, ys = _series(metrics, "reward")
     if not xs:
         return empty_figure(title, "No steps recorded yet.", uirevision)
-    fig = go.Figure()
-    fig.add_trace(
-        go.Scatter(
-            x=xs,
-            y=ys,
-            name="total reward",
-            mode="lines+markers",
-            line=dict(color=COLORS[0], width=1),
-            marker=dict(size=6),
-            opacity=0.55,
-        )
-    )
-    fig.add_trace(
-        go.Scatter(
-            x=xs, y=smooth(ys, smoothing), name="total (smoothed)", mode="lines", line=dict(color=COLORS[0], width=4)
-        )
-    )
     names: list[str] = []
     for r in metrics:
         for name in r.get("rewards") or {}:
             if name not in names:
                 names.append(name)
-    for i, name in enumerate(names):
-        px, py = [], []
-        for r in metrics:
-            v = _num((r.get("rewards") or {}).get(name))
-            if v is not None:
-                px.append(r["step"])
-                py.append(v)
-        if px:
-            fig.add_trace(
-                go.Scatter(
-                    x=px,
-                    y=py,
-                    name=name,
-                    mode="lines",
-                    line=dict(color=COLORS[(i + 1) % len(COLORS)], width=2, dash="dot"),
-                )
-            )
-    spans = stage_spans(metrics, stages)
-    _shade(fig, spans)
-    _layout(fig, title, "step", "mean reward", uirevision)
-    _step_axis(fig, spans)
-    return fig
+
+    def traces(fig):
+        _line(fig, xs, ys, "total reward", COLORS[0], width=1, markers=True, marker=dict(size=6), opacity=0.55)
+        _line(fig, xs, smooth(ys, smoothing), "total (smoothed)", COLORS[0], width=4)
+        for i, name in enumerate(names):
+            pts = [(r["step"], _num((r.get("rewards") or {}).get(name))) for r in metrics]
+            pts = [(x, v) for x, v in pts if v is not None]
+            _line(fig, [x for x, _ in pts], [v for _, v in pts], name, COLORS[(i + 1) % len(COLORS)], dash="dot")
+        return False
+
+    return _step_figure(metrics, stages, title, "mean reward", uirevision, traces)[0]
 
 
 def loss_figure(metrics: list[dict], stages: list[dict] | None = None, uirevision=None):
@@ -249,26 +253,16 @@ def loss_figure(metrics: list[dict], stages: list[dict] | None = None, uirevisio
     xs, ys = _series(metrics, "loss")
     if not xs:
         return empty_figure(title, "No steps recorded yet.", uirevision)
-    fig = go.Figure()
-    fig.add_trace(go.Scatter(x=xs, y=ys, name="loss", mode="lines+markers", line=dict(color=COLORS[0], width=3)))
+
     kx, ky = _series(metrics, "kl")
-    if kx:
-        fig.add_trace(go.Scatter(x=kx, y=ky, name="KL", mode="lines", yaxis="y2", line=dict(color=COLORS[2], width=2)))
-    ex, ey = _series(metrics, "ewc_penalty")
-    if ex:
-        fig.add_trace(
-            go.Scatter(
-                x=ex,
-                y=ey,
-                name="EWC penalty",
-                mode="lines+markers",
-                yaxis="y2",
-                line=dict(color=COLORS[3], width=2, dash="dash"),
-            )
-        )
-    spans = stage_spans(metrics, stages)
-    _shade(fig, spans)
-    _layout(fig, title, "step", "loss", uirevision, y2title="KL / EWC penalty" if (kx or ex) else None)
+
+    def traces(fig):
+        _line(fig, xs, ys, "loss", COLORS[0], width=3, markers=True)
+        kl = _line(fig, kx, ky, "KL", COLORS[2], right=True)
+        ewc = _line(fig, *_series(metrics, "ewc_penalty"), "EWC penalty", COLORS[3], dash="dash", markers=True, right=True)
+        return kl or ewc
+
+    fig, _ = _step_figure(metrics, stages, title, "loss", uirevision, traces, y2title="KL / EWC penalty")
     if not kx:
         fig.add_annotation(
             text="KL not computed (beta = 0)",
@@ -281,7 +275,6 @@ def loss_figure(metrics: list[dict], stages: list[dict] | None = None, uirevisio
             showarrow=False,
             font=dict(size=11, color="#777"),
         )
-    _step_axis(fig, spans)
     return fig
 
 
@@ -291,40 +284,18 @@ def length_figure(metrics: list[dict], stages: list[dict] | None = None, uirevis
     xs, ys = _series(metrics, "completion_length")
     if not xs:
         return empty_figure(title, "No steps recorded yet.", uirevision)
-    fig = go.Figure()
-    fig.add_trace(
-        go.Scatter(x=xs, y=ys, name="mean length (tokens)", mode="lines+markers", line=dict(color=COLORS[0], width=3))
-    )
-    tx, ty = _series(metrics, "truncated_ratio")
-    if tx:
-        fig.add_trace(
-            go.Scatter(
-                x=tx,
-                y=ty,
-                name="truncated (share)",
-                mode="lines",
-                yaxis="y2",
-                line=dict(color=COLORS[3], width=2, dash="dash"),
-            )
+
+    def traces(fig):
+        _line(fig, xs, ys, "mean length (tokens)", COLORS[0], width=3, markers=True)
+        cut = _line(fig, *_series(metrics, "truncated_ratio"), "truncated (share)", COLORS[3], dash="dash", right=True)
+        stop = _line(
+            fig, *_series(metrics, "stopped_at_answer"), "stopped at '####' (share)", COLORS[2], dash="dot", right=True
         )
-    sx, sy = _series(metrics, "stopped_at_answer")
-    if sx:
-        fig.add_trace(
-            go.Scatter(
-                x=sx,
-                y=sy,
-                name="stopped at '####' (share)",
-                mode="lines",
-                yaxis="y2",
-                line=dict(color=COLORS[2], width=2, dash="dot"),
-            )
-        )
-    spans = stage_spans(metrics, stages)
-    _shade(fig, spans)
-    _layout(fig, title, "step", "tokens", uirevision, y2title="share of completions" if (tx or sx) else None)
-    if tx or sx:
+        return cut or stop
+
+    fig, right = _step_figure(metrics, stages, title, "tokens", uirevision, traces, y2title="share of completions")
+    if right:
         fig.update_layout(yaxis2=dict(range=[0, 1.05], tickformat=".0%"))
-    _step_axis(fig, spans)
     return fig
 
 
@@ -334,34 +305,13 @@ def throughput_figure(metrics: list[dict], stages: list[dict] | None = None, uir
     xs, ys = _series(metrics, "tokens_per_s")
     if not xs:
         return empty_figure(title, "No steps recorded yet.", uirevision)
-    fig = go.Figure()
-    fig.add_trace(
-        go.Scatter(x=xs, y=ys, name="tokens/s (whole step)", mode="lines+markers", line=dict(color=COLORS[0], width=3))
-    )
-    gx, gy = _series(metrics, "gen_tokens_per_s")
-    if gx:
-        fig.add_trace(
-            go.Scatter(
-                x=gx, y=gy, name="tokens/s (generation)", mode="lines", line=dict(color=COLORS[5], width=2, dash="dot")
-            )
-        )
-    cx, cy = _series(metrics, "completions_per_s")
-    if cx:
-        fig.add_trace(
-            go.Scatter(
-                x=cx,
-                y=cy,
-                name="completions/s",
-                mode="lines",
-                yaxis="y2",
-                line=dict(color=COLORS[1], width=2, dash="dash"),
-            )
-        )
-    spans = stage_spans(metrics, stages)
-    _shade(fig, spans)
-    _layout(fig, title, "step", "tokens / s", uirevision, y2title="completions / s" if cx else None)
-    _step_axis(fig, spans)
-    return fig
+
+    def traces(fig):
+        _line(fig, xs, ys, "tokens/s (whole step)", COLORS[0], width=3, markers=True)
+        _line(fig, *_series(metrics, "gen_tokens_per_s"), "tokens/s (generation)", COLORS[5], dash="dot")
+        return _line(fig, *_series(metrics, "completions_per_s"), "completions/s", COLORS[1], dash="dash", right=True)
+
+    return _step_figure(metrics, stages, title, "tokens / s", uirevision, traces, y2title="completions / s")[0]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -392,9 +342,7 @@ def memory_figure(
         ys.append(v)
         prev = t
     fig = go.Figure()
-    fig.add_trace(
-        go.Scatter(x=xs, y=ys, name="RSS (MB)", mode="lines", line=dict(color=COLORS[4], width=3), connectgaps=False)
-    )
+    _line(fig, xs, ys, "RSS (MB)", COLORS[4], width=3, connectgaps=False)
     peak = max(v for _, v in pts)
     fig.add_hline(
         y=peak,

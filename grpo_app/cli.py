@@ -195,25 +195,51 @@ def cmd_eval(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from .evaluation import EvalSettings, compare_models, headline
+    from .evaluation import CompareSpec, headline, run_compare
     from .models import ModelError
 
-    settings = EvalSettings(
-        n=args.n, seed=args.seed, max_new_tokens=args.max_new_tokens, source=args.source, int8=args.int8
-    )
     try:
-        res = compare_models(
-            _resolve_model_arg(args.base),
-            _resolve_model_arg(args.trained),
-            settings,
-            progress=lambda role, d, t: print(f"\r{role}: {d}/{t}", end="", flush=True),
-        )
+        if args.run:
+            from .manager import RunManager
+            from .runs import runs_root
+
+            run = RunManager(args.runs_dir or runs_root()).get(args.run)
+            if not run.has_final_model():
+                raise ValueError(f"run '{run.id}' has no trained model yet (a run saves one when it completes).")
+            eval_set = "gsm8k" if args.stage is None else f"stage:{args.stage - 1}"
+            spec = CompareSpec.for_run(run, eval_set, args.n, args.seed, args.max_new_tokens)
+        else:
+            if args.stage is not None:
+                raise ValueError("--stage needs --run (held-out problems leave out what that run trained on).")
+            if not args.trained:
+                raise ValueError("name the models: --trained MODEL [--base MODEL], or --run RUN_ID.")
+            spec = CompareSpec.for_models(
+                _resolve_model_arg(args.base),
+                _resolve_model_arg(args.trained),
+                args.n,
+                args.seed,
+                args.max_new_tokens or 256,
+                source=args.source,
+                int8=args.int8,
+            )
+        shown: dict = {}
+
+        def report(**fields):  # one line of progress, rewritten in place
+            shown.update(fields)
+            done = [f"{r} {shown[f'{r}_done']}/{shown[f'{r}_total']}" for r in ("base", "trained") if f"{r}_done" in shown]
+            print(f"\r{shown.get('phase', '')}: {', '.join(done)}    ", end="", flush=True)
+
+        res = run_compare(spec, report)
     except (ValueError, ModelError) as e:
         print(f"Cannot compare: {e}", file=sys.stderr)
         return 2
     print()
     h = headline(res)
+    print(f"{spec.label()}")
     print(f"{res['origin']}, n={h['n']}{' (cached)' if res.get('cached') else ''}")
+    ov = res.get("overlap_with_training")
+    if ov:
+        print(f"checked: {ov['in_training']} of these {ov['n']} problems occur in the run's training pools")
     print(f"base     {_fmt_pct(h['base_accuracy'], h['base_ci'])}   format {_fmt_pct(h['base_format'])}")
     print(f"trained  {_fmt_pct(h['trained_accuracy'], h['trained_ci'])}   format {_fmt_pct(h['trained_format'])}")
     p = res["paired"]
@@ -221,6 +247,8 @@ def cmd_compare(args) -> int:
         f"paired: only base right {p['only_base']}, only trained right {p['only_trained']}, "
         f"exact McNemar p = {p['p_value']:.4g}"
     )
+    if spec.run is not None:
+        print(f"Saved in run {spec.run.id}: eval/{spec.name}.json (+ .csv)")
     return 0
 
 
@@ -294,10 +322,19 @@ def build_parser() -> argparse.ArgumentParser:
             e.add_argument("--out", help="save records and summary as JSON")
         else:
             e.add_argument("--base", default="embedded")
-            e.add_argument("--trained", required=True, help="run id, hub id or folder")
+            e.add_argument("--trained", help="run id, hub id or folder")
+            e.add_argument("--run", help="a run id: its trained model vs its base model (instead of --base/--trained)")
+            e.add_argument(
+                "--stage",
+                type=int,
+                help="with --run: held-out problems like the run's stage K (1 = first); none it trained on",
+            )
+            e.add_argument("--runs-dir", default=None)
         e.add_argument("--n", type=int, default=100)
         e.add_argument("--seed", type=int, default=0)
-        e.add_argument("--max-new-tokens", type=int, default=256)
+        e.add_argument(
+            "--max-new-tokens", type=int, default=None if name == "compare" else 256, help="answer budget (default 256)"
+        )
         e.add_argument("--source", default="gsm8k", help="gsm8k, arithmetic or gsm_symbolic")
         e.add_argument("--int8", action="store_true", help="dynamic INT8 quantization of Linear layers")
         e.set_defaults(func=fn)

@@ -52,9 +52,17 @@ class ConfigError(ValueError):
 
 
 def _f(default: Any, help: str, **kw) -> Any:
+    """A field with its help text; `lo`/`hi` in `kw` are its bounds (read by `field_bounds`)."""
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: copy.deepcopy(d), metadata={"help": help, **kw})
     return field(default=default, metadata={"help": help, **kw})
+
+
+def field_bounds(cls, name: str) -> tuple[Any, Any]:
+    """(lo, hi) of a field declared with bounds, the one source of a limit for the config's check and the
+    web form's parser."""
+    meta = {f.name: f.metadata for f in dataclasses.fields(cls)}[name]
+    return meta["lo"], meta["hi"]
 
 
 @dataclass
@@ -90,6 +98,42 @@ class ModelConfig:
         "freezing it saves ~340 MB of gradient and optimizer memory.",
     )
 
+    def check(self, cfg: Config, check_paths: bool = True) -> list[tuple[str, str]]:
+        """(field, how to fix it) for every problem of this section."""
+        e = []
+        if not self.name.strip():
+            e.append(("name", "is empty; use 'embedded', a hub id like 'Qwen/Qwen2.5-0.5B-Instruct', or a folder."))
+        elif self.name not in SPECIAL_MODELS and not HUB_ID_RE.match(self.name):
+            if check_paths and not Path(self.name).expanduser().is_dir():
+                e.append(("name", f"{_show(self.name)} is neither 'embedded', a hub id (owner/name) nor an existing folder."))
+        if self.dtype not in DTYPES:
+            e.append(("dtype", f"{_show(self.dtype)} is not one of {', '.join(DTYPES)}."))
+        if self.device not in DEVICES:
+            e.append(("device", f"{_show(self.device)} is not one of {', '.join(DEVICES)}."))
+        if self.dtype == "bfloat16" and self.device != "cuda" and not cpu_supports_bf16():
+            import torch
+
+            if self.device == "cpu" or not torch.cuda.is_available():
+                e.append(
+                    (
+                        "dtype",
+                        "bfloat16 on this CPU has no hardware support (no AVX512-BF16/AMX) and runs ~28x slower "
+                        "than float32; set model.dtype=float32.",
+                    )
+                )
+        if self.threads < 0:
+            e.append(("threads", "must be 0 (one per physical core) or a positive number."))
+        if self.lora:
+            if self.lora_r < 1:
+                e.append(("lora_r", "must be at least 1 (typical: 8-64)."))
+            if self.lora_alpha < 1:
+                e.append(("lora_alpha", "must be at least 1 (typical: 2 x lora_r)."))
+            if not 0 <= self.lora_dropout < 1:
+                e.append(("lora_dropout", "must be in [0, 1)."))
+            if not self.lora_target_modules:
+                e.append(("lora_target_modules", "is empty; list module names such as q_proj, v_proj."))
+        return e
+
 
 @dataclass
 class DataConfig:
@@ -106,6 +150,22 @@ class DataConfig:
     custom_path: str = _f("", "A JSONL or CSV file with question and answer columns, for stages with source: custom.")
     system_prompt: str = _f(DEFAULT_SYSTEM_PROMPT, "System message sent before every problem.")
     seed: int = _f(1234, "Seed for drawing each stage's problems.")
+
+    def check(self, cfg: Config, check_paths: bool = True) -> list[tuple[str, str]]:
+        e = []
+        if self.gsm8k not in GSM8K_MODES:
+            e.append(("gsm8k", f"{_show(self.gsm8k)} is not one of {', '.join(GSM8K_MODES)}."))
+        if self.gsm8k == "local" and check_paths:
+            folder = self.gsm8k_dir or os.environ.get("GRPO_APP_GSM8K_DIR", "")
+            if not folder:
+                e.append(("gsm8k_dir", "data.gsm8k is 'local' but no folder is set; set data.gsm8k_dir or GRPO_APP_GSM8K_DIR."))
+            elif not (Path(folder) / "train.jsonl").is_file():
+                e.append(
+                    ("gsm8k_dir", f"{_show(folder)} has no train.jsonl; point it at the folder holding train.jsonl and test.jsonl.")
+                )
+        if len(self.system_prompt) > 4000:
+            e.append(("system_prompt", "is longer than 4000 characters; shorten it."))
+        return e
 
 
 @dataclass
@@ -126,6 +186,36 @@ class StageConfig:
         False, "arithmetic only: also negated operands and parentheses, e.g. '-17 + (3 - -5)' (much harder)."
     )
 
+    def check(self, cfg: Config, check_paths: bool = True) -> list[tuple[str, str]]:
+        e = []
+        if self.source not in SOURCES:
+            e.append(("source", f"{_show(self.source)} is not one of {', '.join(SOURCES)}."))
+        if self.source == "custom" and not cfg.data.custom_path:
+            e.append(("source", "is 'custom' but data.custom_path is empty; upload or name a JSONL/CSV file."))
+        if self.steps < 1:
+            e.append(("steps", f"must be at least 1, got {self.steps}."))
+        if self.min_difficulty < 0:
+            e.append(("min_difficulty", "must be 0 or more."))
+        if self.max_difficulty < self.min_difficulty:
+            e.append(
+                ("max_difficulty", f"({self.max_difficulty}) is below min_difficulty ({self.min_difficulty}); swap them.")
+            )
+        if self.source == "arithmetic":
+            if self.min_difficulty < 1 or self.max_difficulty > 5:
+                e.append(("min_difficulty", "arithmetic difficulty (number of operators) must lie in 1..5."))
+            if not 1 <= self.max_digits <= 6:
+                e.append(("max_digits", "must be 1..6."))
+            if not self.operators or any(c not in "+-*/" for c in self.operators):
+                e.append(("operators", f"{_show(self.operators)} must use only the characters + - * /."))
+        pps = cfg.grpo.prompts_per_step
+        if self.num_problems < pps:
+            e.append(("num_problems", f"({self.num_problems}) is smaller than grpo.prompts_per_step ({pps}); raise it."))
+        if self.num_problems > 100_000:
+            e.append(("num_problems", "is above 100000; a stage never needs that many."))
+        if not self.name.strip():
+            e.append(("name", "is empty; give the stage a short name."))
+        return e
+
 
 @dataclass
 class RewardsConfig:
@@ -134,10 +224,26 @@ class RewardsConfig:
         "Reward function name -> weight. Names: see `python -m grpo_app explain rewards`.",
     )
 
+    def check(self, cfg: Config, check_paths: bool = True) -> list[tuple[str, str]]:
+        from .rewards import REWARD_FUNCS  # (rewards imports answers; nothing there imports this module)
+
+        e = []
+        if not self.weights:
+            e.append(("weights", "no reward functions; add e.g. correctness: 1.0."))
+        for name, weight in (self.weights or {}).items():
+            if name not in REWARD_FUNCS:
+                e.append(("weights", f"unknown reward {_show(name)}." + _suggest(str(name), REWARD_FUNCS)))
+            elif isinstance(weight, bool) or not isinstance(weight, (int, float)):
+                e.append((f"weights.{name}", f"weight must be a number, got {_show(weight)}."))
+        numbers = [v for v in (self.weights or {}).values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if self.weights and len(numbers) == len(self.weights) and all(v == 0 for v in numbers):
+            e.append(("weights", "all weights are 0, so every advantage is 0; give at least one a weight."))
+        return e
+
 
 @dataclass
 class GRPOSettings:
-    num_generations: int = _f(8, "G: completions sampled per prompt; advantages compare within this group.")
+    num_generations: int = _f(8, "G: completions sampled per prompt; advantages compare within this group.", lo=2, hi=64)
     prompts_per_step: int = _f(4, "Distinct prompts per optimizer step (a step trains on prompts_per_step x G).")
     micro_batch_size: int = _f(
         0,
@@ -148,7 +254,7 @@ class GRPOSettings:
     temperature: float = _f(1.0, "Sampling temperature during training.")
     top_p: float = _f(1.0, "Nucleus sampling during training (1.0 = off).")
     top_k: int = _f(0, "Top-k sampling during training (0 = off).")
-    learning_rate: float = _f(1e-5, "AdamW learning rate.")
+    learning_rate: float = _f(1e-5, "AdamW learning rate (above 0, at most 0.01).", lo=0.0, hi=1e-2)
     lr_scheduler: str = _f("constant", "Learning-rate schedule: constant, linear or cosine.")
     warmup_steps: int = _f(0, "Warm-up steps of each stage.")
     weight_decay: float = _f(0.0, "AdamW weight decay.")
@@ -184,6 +290,73 @@ class GRPOSettings:
         "~400 MB less for SmolLM2); adamw: torch's AdamW with float32 moments.",
     )
 
+    def check(self, cfg: Config, check_paths: bool = True) -> list[tuple[str, str]]:
+        e = []
+        g_lo, g_hi = field_bounds(GRPOSettings, "num_generations")
+        if self.num_generations < g_lo:
+            e.append(
+                ("num_generations", f"G must be at least {g_lo} to compare completions within a group (got {self.num_generations}).")
+            )
+        if self.num_generations > g_hi:
+            e.append(("num_generations", f"is above {g_hi}; that will not fit a CPU step."))
+        if self.prompts_per_step < 1:
+            e.append(("prompts_per_step", "must be at least 1."))
+        mb = self.micro_batch_size
+        if mb < 0:
+            e.append(("micro_batch_size", "must be 0 (= G) or positive."))
+        elif mb and self.num_generations >= 2 and self.generation_batch % mb:
+            e.append(
+                (
+                    "micro_batch_size",
+                    f"generation batch prompts_per_step x G = {self.generation_batch} must be divisible by "
+                    f"micro_batch_size ({mb}).",
+                )
+            )
+        if not 1 <= self.max_completion_length <= 4096:
+            e.append(("max_completion_length", "must be between 1 and 4096 tokens."))
+        if self.temperature <= 0 or self.temperature > 5:
+            e.append(("temperature", f"must be in (0, 5]; GRPO needs sampling (got {self.temperature})."))
+        if not 0 < self.top_p <= 1:
+            e.append(("top_p", "must be in (0, 1]."))
+        if self.top_k < 0:
+            e.append(("top_k", "must be 0 (off) or positive."))
+        _, lr_hi = field_bounds(GRPOSettings, "learning_rate")
+        if self.learning_rate <= 0:
+            e.append(("learning_rate", f"must be > 0 (got {self.learning_rate}); typical values are 1e-6 to 5e-5."))
+        elif self.learning_rate > lr_hi:
+            e.append(("learning_rate", f"{self.learning_rate} is far too large for fine-tuning; use 1e-6 to 5e-5."))
+        if self.lr_scheduler not in ("constant", "linear", "cosine"):
+            e.append(("lr_scheduler", "must be constant, linear or cosine."))
+        for name in ("warmup_steps", "weight_decay", "beta"):
+            if getattr(self, name) < 0:
+                e.append((name, "must be 0 or more."))
+        if self.max_grad_norm < 0:
+            e.append(("max_grad_norm", "must be 0 (off) or positive."))
+        if not 0 < self.epsilon < 1:
+            e.append(("epsilon", "must be in (0, 1); 0.2 is usual."))
+        for name, options in (("loss_type", LOSS_TYPES), ("optimizer", OPTIMIZERS), ("scale_rewards", SCALE_REWARDS)):
+            if getattr(self, name) not in options:
+                e.append((name, f"{_show(getattr(self, name))} is not one of {', '.join(options)}."))
+        return e
+
+    @property
+    def generation_batch(self) -> int:
+        """Completions per optimizer step: prompts_per_step x G."""
+        return self.prompts_per_step * self.num_generations
+
+    def fit_micro_batch(self) -> str | None:
+        """A micro_batch_size sized for another G or prompts_per_step (it no longer divides the generation
+        batch) becomes 0 (= one group per chunk). Returns a note saying so, or None if nothing changed. The
+        web form calls this after it sets G from the page; a YAML config is reported instead (`check`)."""
+        mb = self.micro_batch_size
+        if mb > 0 and self.num_generations > 0 and self.generation_batch % mb:
+            self.micro_batch_size = 0
+            return (
+                f"micro-batch size {mb} does not divide prompts per step x G = {self.generation_batch}; "
+                f"using one group ({self.num_generations} completions) per chunk instead."
+            )
+        return None
+
 
 @dataclass
 class EWCConfig:
@@ -215,6 +388,18 @@ class EWCConfig:
         "gains dominate it) cannot shrink every policy update through the clip factor.",
     )
 
+    def check(self, cfg: Config, check_paths: bool = True) -> list[tuple[str, str]]:
+        e = []
+        if self.lam < 0:
+            e.append(("lam", f"lambda must be 0 or more (got {self.lam})."))
+        if self.fisher_samples < 1:
+            e.append(("fisher_samples", "must be at least 1 (16-64 is typical)."))
+        if self.fisher_source not in FISHER_SOURCES:
+            e.append(("fisher_source", f"{_show(self.fisher_source)} is not one of {', '.join(FISHER_SOURCES)}."))
+        if not 0 <= self.gamma <= 1:
+            e.append(("gamma", "must be in [0, 1]."))
+        return e
+
 
 @dataclass
 class RunConfig:
@@ -225,6 +410,20 @@ class RunConfig:
     keep_checkpoints: int = _f(2, "Checkpoints kept per run (older ones are deleted).")
     log_every: int = _f(1, "Log metrics every N steps.")
     eval_n: int = _f(0, "After training, evaluate base and trained on N GSM8K test problems (0 = skip).")
+
+    def check(self, cfg: Config, check_paths: bool = True) -> list[tuple[str, str]]:
+        e = []
+        if self.name and not RUN_NAME_RE.match(self.name):
+            e.append(("name", f"{_show(self.name)} may use only letters, digits, '-' and '_' (at most 64)."))
+        if self.save_every < 0:
+            e.append(("save_every", "must be 0 or more."))
+        if self.keep_checkpoints < 1:
+            e.append(("keep_checkpoints", "must be at least 1 (resume needs one)."))
+        if self.log_every < 1:
+            e.append(("log_every", "must be at least 1."))
+        if self.eval_n < 0:
+            e.append(("eval_n", "must be 0 or more."))
+        return e
 
 
 @dataclass
@@ -504,200 +703,22 @@ def cpu_supports_bf16() -> bool:
 
 
 def collect_errors(cfg: Config, check_paths: bool = True) -> list[tuple[str, str]]:
-    from .rewards import REWARD_FUNCS  # local import: rewards imports data, which imports nothing from here
-
+    """Every problem of `cfg` as (field path, how to fix it): each section checks itself (its `check`
+    method, next to its fields); this only adds the section's path to each field."""
     e: list[tuple[str, str]] = []
-    m, g, w, r, d = cfg.model, cfg.grpo, cfg.ewc, cfg.run, cfg.data
-
-    # model
-    if not m.name.strip():
-        e.append(("model.name", "is empty; use 'embedded', a hub id like 'Qwen/Qwen2.5-0.5B-Instruct', or a folder."))
-    elif m.name not in SPECIAL_MODELS and not HUB_ID_RE.match(m.name):
-        if check_paths and not Path(m.name).expanduser().is_dir():
-            e.append(
-                (
-                    "model.name",
-                    f"'{m.name}' is neither 'embedded', a hub id (owner/name) nor an existing folder.",
-                )
-            )
-    if m.dtype not in DTYPES:
-        e.append(("model.dtype", f"'{m.dtype}' is not one of {', '.join(DTYPES)}."))
-    if m.device not in DEVICES:
-        e.append(("model.device", f"'{m.device}' is not one of {', '.join(DEVICES)}."))
-    if m.dtype == "bfloat16" and m.device != "cuda" and not cpu_supports_bf16():
-        import torch
-
-        if m.device == "cpu" or not torch.cuda.is_available():
-            e.append(
-                (
-                    "model.dtype",
-                    "bfloat16 on this CPU has no hardware support (no AVX512-BF16/AMX) and runs ~28x slower "
-                    "than float32; set model.dtype=float32.",
-                )
-            )
-    if m.threads < 0:
-        e.append(("model.threads", "must be 0 (one per physical core) or a positive number."))
-    if m.lora:
-        if m.lora_r < 1:
-            e.append(("model.lora_r", "must be at least 1 (typical: 8-64)."))
-        if m.lora_alpha < 1:
-            e.append(("model.lora_alpha", "must be at least 1 (typical: 2 x lora_r)."))
-        if not 0 <= m.lora_dropout < 1:
-            e.append(("model.lora_dropout", "must be in [0, 1)."))
-        if not m.lora_target_modules:
-            e.append(("model.lora_target_modules", "is empty; list module names such as q_proj, v_proj."))
-
-    # data
-    if d.gsm8k not in GSM8K_MODES:
-        e.append(("data.gsm8k", f"'{d.gsm8k}' is not one of {', '.join(GSM8K_MODES)}."))
-    if d.gsm8k == "local" and check_paths:
-        folder = d.gsm8k_dir or os.environ.get("GRPO_APP_GSM8K_DIR", "")
-        if not folder:
-            e.append(
-                (
-                    "data.gsm8k_dir",
-                    "data.gsm8k is 'local' but no folder is set; set data.gsm8k_dir or GRPO_APP_GSM8K_DIR.",
-                )
-            )
-        elif not (Path(folder) / "train.jsonl").is_file():
-            e.append(
-                (
-                    "data.gsm8k_dir",
-                    f"'{folder}' has no train.jsonl; point it at the folder holding train.jsonl and test.jsonl.",
-                )
-            )
-    if len(d.system_prompt) > 4000:
-        e.append(("data.system_prompt", "is longer than 4000 characters; shorten it."))
-
-    # stages
+    for name in _SECTIONS:
+        e += [(f"{name}.{f}", msg) for f, msg in getattr(cfg, name).check(cfg, check_paths)]
     if not cfg.stages:
         e.append(("stages", "no stages; add at least one, e.g. {source: arithmetic, steps: 10}."))
-    for i, s in enumerate(cfg.stages):
-        p = f"stages[{i}]"
-        if s.source not in SOURCES:
-            e.append((f"{p}.source", f"'{s.source}' is not one of {', '.join(SOURCES)}."))
-        if s.source == "custom" and not d.custom_path:
-            e.append((f"{p}.source", "is 'custom' but data.custom_path is empty; upload or name a JSONL/CSV file."))
-        if s.steps < 1:
-            e.append((f"{p}.steps", f"must be at least 1, got {s.steps}."))
-        if s.min_difficulty < 0:
-            e.append((f"{p}.min_difficulty", "must be 0 or more."))
-        if s.max_difficulty < s.min_difficulty:
-            e.append(
-                (
-                    f"{p}.max_difficulty",
-                    f"({s.max_difficulty}) is below min_difficulty ({s.min_difficulty}); swap them.",
-                )
-            )
-        if s.source == "arithmetic":
-            if s.min_difficulty < 1 or s.max_difficulty > 5:
-                e.append((f"{p}.min_difficulty", "arithmetic difficulty (number of operators) must lie in 1..5."))
-            if not 1 <= s.max_digits <= 6:
-                e.append((f"{p}.max_digits", "must be 1..6."))
-            if not s.operators or any(c not in "+-*/" for c in s.operators):
-                e.append((f"{p}.operators", f"'{s.operators}' must use only the characters + - * /."))
-        if s.num_problems < g.prompts_per_step:
-            e.append(
-                (
-                    f"{p}.num_problems",
-                    f"({s.num_problems}) is smaller than grpo.prompts_per_step ({g.prompts_per_step}); raise it.",
-                )
-            )
-        if s.num_problems > 100_000:
-            e.append((f"{p}.num_problems", "is above 100000; a stage never needs that many."))
-        if not s.name.strip():
-            e.append((f"{p}.name", "is empty; give the stage a short name."))
-
-    # rewards
-    if not cfg.rewards.weights:
-        e.append(("rewards.weights", "no reward functions; add e.g. correctness: 1.0."))
-    for name, weight in (cfg.rewards.weights or {}).items():
-        if name not in REWARD_FUNCS:
-            e.append(("rewards.weights", f"unknown reward '{name}'." + _suggest(name, REWARD_FUNCS)))
-        elif isinstance(weight, bool) or not isinstance(weight, (int, float)):
-            e.append((f"rewards.weights.{name}", f"weight must be a number, got {weight!r}."))
-    if cfg.rewards.weights and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and v == 0 for v in cfg.rewards.weights.values()
-    ):
-        e.append(("rewards.weights", "all weights are 0, so every advantage is 0; give at least one a weight."))
-
-    # grpo
-    if g.num_generations < 2:
-        e.append(
-            (
-                "grpo.num_generations",
-                f"G must be at least 2 to compare completions within a group (got {g.num_generations}).",
-            )
-        )
-    if g.num_generations > 64:
-        e.append(("grpo.num_generations", "is above 64; that will not fit a CPU step."))
-    if g.prompts_per_step < 1:
-        e.append(("grpo.prompts_per_step", "must be at least 1."))
-    mb = g.micro_batch_size
-    if mb < 0:
-        e.append(("grpo.micro_batch_size", "must be 0 (= G) or positive."))
-    elif mb and g.num_generations >= 2:
-        gen_batch = g.prompts_per_step * g.num_generations
-        if gen_batch % mb:
-            e.append(
-                (
-                    "grpo.micro_batch_size",
-                    f"generation batch prompts_per_step x G = {gen_batch} must be divisible by micro_batch_size ({mb}).",
-                )
-            )
-    if not 1 <= g.max_completion_length <= 4096:
-        e.append(("grpo.max_completion_length", "must be between 1 and 4096 tokens."))
-    if g.temperature <= 0 or g.temperature > 5:
-        e.append(("grpo.temperature", f"must be in (0, 5]; GRPO needs sampling (got {g.temperature})."))
-    if not 0 < g.top_p <= 1:
-        e.append(("grpo.top_p", "must be in (0, 1]."))
-    if g.top_k < 0:
-        e.append(("grpo.top_k", "must be 0 (off) or positive."))
-    if g.learning_rate <= 0:
-        e.append(("grpo.learning_rate", f"must be > 0 (got {g.learning_rate}); typical values are 1e-6 to 5e-5."))
-    elif g.learning_rate > 1e-2:
-        e.append(("grpo.learning_rate", f"{g.learning_rate} is far too large for fine-tuning; use 1e-6 to 5e-5."))
-    if g.lr_scheduler not in ("constant", "linear", "cosine"):
-        e.append(("grpo.lr_scheduler", "must be constant, linear or cosine."))
-    if g.warmup_steps < 0:
-        e.append(("grpo.warmup_steps", "must be 0 or more."))
-    if g.weight_decay < 0:
-        e.append(("grpo.weight_decay", "must be 0 or more."))
-    if g.max_grad_norm < 0:
-        e.append(("grpo.max_grad_norm", "must be 0 (off) or positive."))
-    if g.beta < 0:
-        e.append(("grpo.beta", "must be 0 or more."))
-    if not 0 < g.epsilon < 1:
-        e.append(("grpo.epsilon", "must be in (0, 1); 0.2 is usual."))
-    if g.loss_type not in LOSS_TYPES:
-        e.append(("grpo.loss_type", f"'{g.loss_type}' is not one of {', '.join(LOSS_TYPES)}."))
-    if g.optimizer not in OPTIMIZERS:
-        e.append(("grpo.optimizer", f"'{g.optimizer}' is not one of {', '.join(OPTIMIZERS)}."))
-    if g.scale_rewards not in SCALE_REWARDS:
-        e.append(("grpo.scale_rewards", f"'{g.scale_rewards}' is not one of {', '.join(SCALE_REWARDS)}."))
-
-    # ewc
-    if w.lam < 0:
-        e.append(("ewc.lam", f"lambda must be 0 or more (got {w.lam})."))
-    if w.fisher_samples < 1:
-        e.append(("ewc.fisher_samples", "must be at least 1 (16-64 is typical)."))
-    if w.fisher_source not in FISHER_SOURCES:
-        e.append(("ewc.fisher_source", f"'{w.fisher_source}' is not one of {', '.join(FISHER_SOURCES)}."))
-    if not 0 <= w.gamma <= 1:
-        e.append(("ewc.gamma", "must be in [0, 1]."))
-
-    # run
-    if r.name and not RUN_NAME_RE.match(r.name):
-        e.append(("run.name", f"'{r.name}' may use only letters, digits, '-' and '_' (at most 64)."))
-    if r.save_every < 0:
-        e.append(("run.save_every", "must be 0 or more."))
-    if r.keep_checkpoints < 1:
-        e.append(("run.keep_checkpoints", "must be at least 1 (resume needs one)."))
-    if r.log_every < 1:
-        e.append(("run.log_every", "must be at least 1."))
-    if r.eval_n < 0:
-        e.append(("run.eval_n", "must be 0 or more."))
+    for i, stage in enumerate(cfg.stages):
+        e += [(f"stages[{i}].{f}", msg) for f, msg in stage.check(cfg, check_paths)]
     return e
+
+
+def _show(value, limit: int = 60) -> str:
+    """A value quoted for a message, cut to `limit` characters (a message never carries a whole value)."""
+    text = repr(value) if not isinstance(value, str) else f"'{value}'"
+    return text if len(text) <= limit else text[: limit - 5] + "…'"
 
 
 def describe_fields(cls=Config, prefix: str = "") -> list[tuple[str, str, Any]]:

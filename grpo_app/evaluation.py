@@ -7,6 +7,10 @@ Scoring uses the same extractor as the rewards (`answers.extract_answer`):
 - format rate: the output ends with a '#### <number>' line.
 Base and trained are scored on the same problems, so their difference gets an exact (binomial)
 McNemar test on the discordant pairs.
+
+A comparison is described by a `CompareSpec` (which models, which problems: GSM8K test or held-out
+problems like a run's stage k, never one the run trained on) and carried out by `run_compare`; the web
+app, the CLI and `bench/learning.py` all build their comparisons this way.
 """
 
 from __future__ import annotations
@@ -367,12 +371,10 @@ def headline(result: dict) -> dict:
 
 def evaluate_run_vs_base(run, n: int = 100, seed: int = 0, progress=None, should_stop=None) -> dict:
     """Compare a finished run's final model with its base model on GSM8K test; saved in run/eval/."""
-    cfg = run.config()
-    settings = EvalSettings(
-        n=n, seed=seed, system_prompt=cfg.data.system_prompt, max_new_tokens=max(256, cfg.grpo.max_completion_length)
-    )
-    result = compare_models(cfg.model.name, str(run.final_dir), settings, cfg.data, progress, should_stop)
-    save_compare(result, run.eval_dir / f"gsm8k-n{n}-seed{seed}.json")
+    spec = CompareSpec.for_run(run, "gsm8k", n=n, seed=seed)
+    spec.name = f"gsm8k-n{n}-seed{seed}"
+    result = compare_models(spec.base, spec.trained, spec.settings, spec.data_cfg, progress, should_stop)
+    save_compare(result, run.eval_dir / f"{spec.name}.json")
     return headline(result)
 
 
@@ -404,7 +406,157 @@ def stage_eval_settings(cfg, k: int, n: int, seed: int = 0, max_new_tokens: int 
     )
 
 
-def heldout_problems(cfg, k: int, settings: EvalSettings, exclude: set[str] | None = None) -> tuple[list[Problem], str]:
-    """Held-out problems of stage k: never in any training pool of the run (checked question by question)."""
-    exclude = training_questions(cfg) if exclude is None else exclude
-    return eval_problems(settings, cfg.data, exclude_questions=exclude)
+
+# ------------------------------------------------------------------------------------------------
+# A comparison: which models, which problems (one description for the app, the CLI and the benches)
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class CompareSpec:
+    """Base vs trained on one problem set.
+
+    `stage` (0-based) asks for held-out problems like the run's stage `stage`: drawn as that stage's
+    problems are, minus every question of any of the run's training pools (checked, and the overlap is
+    reported with the result). With a `run`, the result is also saved in the run's `eval/` folder as
+    `name`.json (+ .csv)."""
+
+    base: str
+    trained: str
+    settings: EvalSettings
+    data_cfg: DataConfig = field(default_factory=DataConfig)
+    run: object | None = None  # a runs.RunDir (duck-typed: config(), final_dir, eval_dir)
+    stage: int | None = None
+    name: str = ""
+    what: str = ""
+
+    @classmethod
+    def for_run(
+        cls,
+        run,
+        eval_set: str = "gsm8k",
+        n: int = 100,
+        seed: int = 0,
+        max_new_tokens: int | None = None,
+        min_difficulty: int = 0,
+        max_difficulty: int = 99,
+    ) -> CompareSpec:
+        """A run's trained model vs its base. `eval_set` is 'gsm8k' or 'stage:K' (K 0-based)."""
+        cfg = run.config()
+        stage = parse_eval_set(eval_set, len(cfg.stages))
+        if stage is not None:
+            st = cfg.stages[stage]
+            settings = stage_eval_settings(cfg, stage, n, seed, max_new_tokens=max_new_tokens)
+            name = f"stage{stage + 1}-{st.name}-n{n}-seed{seed}"
+            what = f"held-out problems like stage {stage + 1} ({st.name})"
+        else:
+            settings = EvalSettings(
+                n=n,
+                seed=seed,
+                system_prompt=cfg.data.system_prompt,
+                max_new_tokens=max_new_tokens or max(256, cfg.grpo.max_completion_length),
+                min_difficulty=min_difficulty,
+                max_difficulty=max_difficulty,
+            )
+            name = f"gsm8k-n{n}-seed{seed}-d{min_difficulty}-{max_difficulty}"
+            what = f"GSM8K test, difficulty {min_difficulty}–{max_difficulty}"
+        spec = cls(cfg.model.name, str(run.final_dir), settings, cfg.data, run, stage, name, what)
+        return spec.validate()
+
+    @classmethod
+    def for_models(
+        cls,
+        base: str,
+        trained: str,
+        n: int = 100,
+        seed: int = 0,
+        max_new_tokens: int = 256,
+        min_difficulty: int = 0,
+        max_difficulty: int = 99,
+        **settings,
+    ) -> CompareSpec:
+        """Any two models on GSM8K test problems (or its offline stand-in)."""
+        es = EvalSettings(
+            n=n,
+            seed=seed,
+            max_new_tokens=max_new_tokens,
+            min_difficulty=min_difficulty,
+            max_difficulty=max_difficulty,
+            **settings,
+        )
+        name = f"gsm8k-n{n}-seed{seed}-d{min_difficulty}-{max_difficulty}"
+        return cls(base, trained, es, DataConfig(), None, None, name, f"GSM8K test, difficulty {min_difficulty}–{max_difficulty}").validate()
+
+    def validate(self) -> CompareSpec:
+        self.settings.validate()
+        if self.stage is not None and self.run is None:
+            raise ValueError("held-out stage problems need a run (its training questions are left out).")
+        return self
+
+    def excluded_questions(self) -> set[str] | None:
+        """The run's training questions when the problems must be held out, else None."""
+        return training_questions(self.run.config()) if self.stage is not None else None
+
+    def problems(self, exclude: set[str] | None = None) -> tuple[list[Problem], str]:
+        """The problems this comparison scores, and where they come from."""
+        if exclude is None:
+            exclude = self.excluded_questions()
+        return eval_problems(self.settings, self.data_cfg, exclude)
+
+    def label(self) -> str:
+        """What is compared, in words a page may show: model names and run ids, never a server path."""
+        trained = f"run {self.run.id}" if self.run is not None else self.trained
+        return f"{self.what}: {self.base} vs {trained}"
+
+    def key(self) -> str:
+        """Equal for two requests that would compute the same result (used to join a queued job)."""
+        return json.dumps([self.base, self.trained, asdict(self.settings), self.stage], sort_keys=True, default=str)
+
+
+def parse_eval_set(eval_set: str, n_stages: int) -> int | None:
+    """'gsm8k' -> None; 'stage:K' -> K (0-based, checked against the run's stages); else ValueError."""
+    eval_set = eval_set if isinstance(eval_set, str) else ""
+    if eval_set == "gsm8k":
+        return None
+    if not eval_set.startswith("stage:"):
+        raise ValueError(f"unknown problem set {eval_set[:40]!r}; use 'gsm8k' or 'stage:<k>'.")
+    try:
+        k = int(eval_set.split(":", 1)[1])
+    except ValueError:
+        k = -1
+    if not 0 <= k < n_stages:
+        raise ValueError(f"{eval_set[:40]!r}: the run has stages 0..{n_stages - 1}.")
+    return k
+
+
+def run_compare(spec: CompareSpec, report=None, should_stop=None, restrict_paths: bool = False) -> dict:
+    """Carry out a comparison: held-out problems checked against the run's training pools, both models
+    scored (cached per models + settings + exclusions), the result saved in the run's eval/ folder.
+
+    `report(**fields)` receives progress (phase, base_done/total, trained_done/total)."""
+    report = report or (lambda **fields: None)
+    n = spec.settings.n
+    report(phase="loading problems", base_done=0, base_total=n, trained_done=0, trained_total=n)
+
+    def prog(role, done, total):
+        report(phase=f"evaluating the {role} model", **{f"{role}_done": done, f"{role}_total": total})
+
+    exclude = None
+    if spec.stage is not None:  # held-out: never a question the run trained on
+        report(phase="collecting the run's training questions")
+        exclude = spec.excluded_questions()
+    result = compare_models(
+        spec.base,
+        spec.trained,
+        spec.settings,
+        spec.data_cfg,
+        prog,
+        should_stop,
+        restrict_paths=restrict_paths,
+        exclude_questions=exclude,
+    )
+    if exclude is not None:  # checked, not assumed
+        qs = [r["question"] for r in result["base"]["records"]]
+        result["overlap_with_training"] = {"n": len(qs), "in_training": sum(q in exclude for q in qs)}
+    if spec.run is not None:
+        save_compare(result, spec.run.eval_dir / f"{spec.name}.json")
+    result["what"] = spec.what
+    return result

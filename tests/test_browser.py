@@ -140,9 +140,17 @@ def test_compare_and_try(page, server, shots):
 
 
 def test_runs_and_system(page, server, shots):
+    import psutil
+
     page.get_by_role("tab", name="Runs").click()
     wait_for(lambda: "completed" in page.inner_text("#runs-table"), 60, what="the run list")
+    table = page.inner_text("#runs-table")
+    on_disk = [p.name for p in server.runs_dir.iterdir() if (p / "config.yaml").is_file()]
+    assert on_disk and all(run_id in table for run_id in on_disk)  # every run of the folder is listed
+    assert str(server.runs_dir) not in table  # ids, never server folders
     page.screenshot(path=str(shots / "screenshot_runs.png"), full_page=True)
     page.get_by_role("tab", name="System").click()
     page.wait_for_selector("#system-info >> text=Cores")
+    info = page.inner_text("#system-info")
+    assert f"{psutil.cpu_count(logical=False)} physical" in info  # this machine's cores
     page.screenshot(path=str(shots / "screenshot_system.png"), full_page=True)

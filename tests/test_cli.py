@@ -42,6 +42,17 @@ def test_cli_train_eval_and_runs_on_tiny_model(tmp_path):
     assert "accuracy" in e.stdout and "95% Wilson interval" in e.stdout
     ls = cli("runs", env=env)
     assert run_id in ls.stdout and "completed" in ls.stdout
+    # held-out problems like the run's first stage, checked against its training pools and saved in the run
+    c = cli("compare", "--run", run_id, "--stage", "1", "--n", "4", "--max-new-tokens", "8", env=env)
+    assert c.returncode == 0, c.stderr[-2000:]
+    assert "held-out problems like stage 1 (s1)" in c.stdout and f"vs run {run_id}" in c.stdout
+    assert "checked: 0 of these 4 problems occur in the run's training pools" in c.stdout
+    assert str(tmp_path) not in c.stdout  # run ids, not server folders
+    saved = list((tmp_path / run_id / "eval").glob("stage1-s1-n4-seed0.*"))
+    assert sorted(p.suffix for p in saved) == [".csv", ".json"]
+    for bad, text in ((("--stage", "1", "--trained", "x"), "--stage needs --run"), (("--run", run_id, "--stage", "9"), "stages 0..")):
+        b = cli("compare", *bad, "--n", "2", env=env)
+        assert b.returncode == 2 and text in b.stderr and "Traceback" not in b.stderr, b.stderr
 
 
 def test_commands_that_do_not_train_ignore_a_launcher_world_size(tmp_path):

@@ -102,3 +102,29 @@ def test_invalid_yaml_text_gives_line_number(tmp_path):
     with pytest.raises(ConfigError) as ei:
         load_config(str(p))
     assert "line" in str(ei.value)
+
+
+def test_each_section_checks_itself_and_collect_errors_adds_the_path():
+    from grpo_app.config import Config, EWCConfig, GRPOSettings, StageConfig, collect_errors
+
+    cfg = Config()
+    assert EWCConfig(lam=-1).check(cfg) == [("lam", "lambda must be 0 or more (got -1).")]
+    assert [f for f, _ in GRPOSettings(num_generations=1, top_p=0).check(cfg)] == ["num_generations", "top_p"]
+    cfg.stages = [StageConfig(source="arithmetic", steps=3), StageConfig(steps=0)]
+    cfg.ewc.lam = -1
+    paths = [p for p, _ in collect_errors(cfg)]
+    assert paths == ["ewc.lam", "stages[1].steps"]
+
+
+def test_error_messages_never_carry_a_whole_long_value():
+    errs = errors_of(["grpo.loss_type=" + "x" * 5000, "model.dtype=" + "y" * 5000])
+    assert errs and all(len(m) < 300 for _, m in errs), [len(m) for _, m in errs]
+
+
+def test_fit_micro_batch_resets_only_a_size_that_no_longer_divides():
+    from grpo_app.config import GRPOSettings
+
+    g = GRPOSettings(num_generations=4, prompts_per_step=2, micro_batch_size=4)
+    assert g.fit_micro_batch() is None and g.micro_batch_size == 4
+    g.num_generations = 5  # 10 completions: 4 no longer divides them
+    assert "does not divide" in g.fit_micro_batch() and g.micro_batch_size == 0

@@ -66,7 +66,9 @@ def test_evaluate_tiny_model_end_to_end(tiny_model, tokenizer):
     res = evaluate(tiny_model, tokenizer, probs, EvalSettings(n=5, max_new_tokens=8, batch_size=2))
     assert [r["id"] for r in res["records"]] == [p.id for p in probs]
     s = res["summary"]
-    assert s["n"] == 5 and 0 <= s["accuracy"] <= 1 and s["ci"][0] <= s["accuracy"] <= s["ci"][1]
+    correct = sum(r["correct"] for r in res["records"])
+    assert s["n"] == 5 and s["correct"] == correct and s["accuracy"] == correct / 5
+    assert tuple(s["ci"]) == wilson_interval(correct, 5)  # the interval of these records, not any interval
     assert all(r["tokens"] <= 8 for r in res["records"])
     import csv
     import io
@@ -91,21 +93,47 @@ def test_settings_bounds():
         EvalSettings(min_difficulty=3, max_difficulty=1).validate()
 
 
-def test_stage_heldout_sets_never_contain_training_questions():
+def test_stage_heldout_sets_never_contain_training_questions(tmp_path):
     from grpo_app.config import load_config
-    from grpo_app.evaluation import heldout_problems, stage_eval_settings, training_questions
+    from grpo_app.evaluation import CompareSpec, training_questions
+    from grpo_app.runs import RunDir
 
     cfg = load_config("classroom", ["stages[0].num_problems=300", "stages[1].num_problems=300"])
+    run = RunDir.create(tmp_path, cfg)
     seen = training_questions(cfg)
     assert len(seen) > 500  # the three stages' pools, drawn as the engine draws them
     for k in (0, 1):
-        s = stage_eval_settings(cfg, k, n=150, seed=0)
+        spec = CompareSpec.for_run(run, f"stage:{k}", n=150, seed=0)
+        s = spec.settings
         assert (s.source, s.extra["operators"], s.system_prompt) == ("arithmetic", cfg.stages[k].operators, cfg.data.system_prompt)
-        probs, origin = heldout_problems(cfg, k, s, seen)
+        assert spec.excluded_questions() == seen and spec.trained == str(run.final_dir)
+        probs, origin = spec.problems()
         assert len(probs) == 150 and "held-out" in origin
         assert not {p.question for p in probs} & seen
         ops = [f" {o} " for o in cfg.stages[k].operators]
         assert all(any(o in p.question for o in ops) for p in probs)  # problems of the stage's own kind
         assert all(any(o in p.question for p in probs) for o in ops)  # every operator of a mixed stage appears
-    g, origin = heldout_problems(cfg, 2, stage_eval_settings(cfg, 2, n=40), seen)
+    g, origin = CompareSpec.for_run(run, "stage:2", n=40).problems(seen)
     assert "GSM8K test" in origin and all(1 <= p.difficulty <= 2 for p in g)
+    gsm = CompareSpec.for_run(run, "gsm8k", n=10)
+    assert gsm.stage is None and gsm.excluded_questions() is None and gsm.name.startswith("gsm8k-n10")
+
+
+@pytest.mark.parametrize(
+    "eval_set, message",
+    [
+        ("stage:3", "stages 0..2"),  # the classroom preset has three stages
+        ("stage:-1", "stages 0..2"),
+        ("stage:x", "stages 0..2"),
+        ("gsm9k", "unknown problem set"),
+        ("", "unknown problem set"),
+    ],
+)
+def test_compare_spec_refuses_unknown_problem_sets(tmp_path, eval_set, message):
+    from grpo_app.config import load_config
+    from grpo_app.evaluation import CompareSpec
+    from grpo_app.runs import RunDir
+
+    run = RunDir.create(tmp_path, load_config("classroom"))
+    with pytest.raises(ValueError, match=message):
+        CompareSpec.for_run(run, eval_set)

@@ -191,3 +191,29 @@ def test_form_values_round_trip(roots):
     values = forms.form_values(cfg)
     again = build(TrainForm(preset="tiny-app", **values), roots)
     assert again.to_dict() == {**cfg.to_dict(), "run": again.to_dict()["run"]}
+
+
+def test_a_preset_micro_batch_that_no_longer_divides_the_batch_is_reset_and_said(roots):
+    data = forms.load_preset_data(TINY)
+    data.setdefault("grpo", {})["micro_batch_size"] = 4  # sized for G = 4, 2 prompts (8 completions)
+    kept = base_form(num_generations=4)
+    assert build_config(kept, data, roots).grpo.micro_batch_size == 4 and kept.notes == []
+    form = base_form(num_generations=3)  # 6 completions: 4 no longer divides them
+    cfg = build_config(form, data, roots)
+    assert cfg.grpo.micro_batch_size == 0 and cfg.micro_batch == 3
+    assert any("micro-batch size 4 does not divide" in n for n in form.notes), form.notes
+
+
+def test_the_form_and_the_config_share_one_bound_per_setting(roots):
+    from grpo_app.config import GRPOSettings, field_bounds, load_config
+
+    lo, hi = field_bounds(GRPOSettings, "num_generations")
+    for g in (lo - 1, hi + 1):  # the form refuses what the config refuses, with the same bounds
+        with pytest.raises(FormError) as e:
+            build(base_form(num_generations=g), roots)
+        assert any(f"use {lo} to {hi}" in m for _, m in e.value.errors)
+        errs = load_config("quick", [f"grpo.num_generations={g}"], validate=False).validate
+        with pytest.raises(Exception) as ce:
+            errs()
+        assert "grpo.num_generations" in str(ce.value)
+    assert build(base_form(num_generations=hi, prompts_per_step=1), roots).grpo.num_generations == hi

@@ -6,6 +6,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+from grpo_app.evaluation import wilson_interval
+
 from .conftest import ROOT
 
 
@@ -23,8 +27,9 @@ def test_learning_bench_runs_the_ablation_on_a_tiny_model(tmp_path):
     for name, ev in res["eval"].items():
         assert ev["overlap_with_training"] == 0 and ev["n"] > 0
         for m in res["models"]:
-            lo, hi = ev[m]["ci"]
-            assert 0 <= lo <= ev[m]["accuracy"] <= hi <= 1
+            k = ev[m]["correct"]
+            assert ev[m]["accuracy"] == pytest.approx(k / ev["n"])  # a count of this set's problems
+            assert tuple(ev[m]["ci"]) == pytest.approx(wilson_interval(k, ev["n"]))  # that count's interval
         assert {"ewc_vs_base", "ewc_vs_base_strict", "noewc_vs_base", "ewc_vs_noewc"} <= set(res["paired"][name])
     assert set(res["after_stage1"]) == {"stage 1: s1", "stage 2: s2"}  # not GSM8K: scored for stage tasks only
     assert set(res["paired"]["forgetting"]["stage 1: s1"]) == {"ewc", "noewc"}

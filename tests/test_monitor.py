@@ -175,5 +175,8 @@ def test_fmt_duration(seconds, text):
 
 
 def test_status_json_is_plain(tmp_path):
-    run = make_run(tmp_path, n_metrics=1)
-    json.dumps(monitor.progress(monitor.disk_view(run)))
+    run = make_run(tmp_path, n_metrics=2)
+    p = monitor.progress(monitor.disk_view(run))
+    assert json.loads(json.dumps(p)) == p  # plain JSON values only: what the status API returns survives as is
+    assert (p["run_id"], p["state"], p["step"], p["total_steps"], p["n_stages"]) == (run.id, "completed", 2, 5, 2)
+    assert p["reward"] == pytest.approx(0.1) and p["tokens_per_s"] == 50.0

@@ -26,9 +26,11 @@ from ..config import (
     SPECIAL_MODELS,
     Config,
     ConfigError,
+    GRPOSettings,
     StageConfig,
     collect_errors,
     config_from_dict,
+    field_bounds,
     load_yaml_text,
 )
 
@@ -416,8 +418,10 @@ def build_config(
         data["stages"] = stages
 
     g = data["grpo"]
+    g_lo, g_hi = field_bounds(GRPOSettings, "num_generations")
+    lr_lo, lr_hi = field_bounds(GRPOSettings, "learning_rate")
     for key, label, lo, hi in (
-        ("num_generations", "G (completions per prompt)", 2, 64),
+        ("num_generations", "G (completions per prompt)", g_lo, g_hi),
         ("max_completion_length", "completion length", 8, MAX_COMPLETION_TOKENS),
         ("prompts_per_step", "prompts per step", 1, MAX_PROMPTS_PER_STEP),
     ):
@@ -425,17 +429,15 @@ def build_config(
         if v is not None:
             g[key] = v
     lr = parse_float(form.learning_rate, "grpo.learning_rate", "learning rate", errors)
-    if lr is not None and not 0 < lr <= 1e-2:
+    if lr is not None and not lr_lo < lr <= lr_hi:
         errors.append(
-            ("grpo.learning_rate", f"learning rate: {lr:g} must be above 0 and at most 0.01 (typical: 1e-6 to 5e-5).")
+            (
+                "grpo.learning_rate",
+                f"learning rate: {lr:g} must be above {lr_lo:g} and at most {lr_hi:g} (typical: 1e-6 to 5e-5).",
+            )
         )
     elif lr is not None:
         g["learning_rate"] = lr
-    mb = g.get("micro_batch_size")
-    if isinstance(mb, int) and mb > 0 and isinstance(g.get("num_generations"), int):
-        batch = g["num_generations"] * int(g.get("prompts_per_step") or 1)
-        if batch % mb:
-            g["micro_batch_size"] = 0  # the preset's chunking was sized for another G; 0 = one group per chunk
 
     ewc_on = parse_bool(form.ewc, "ewc.enabled", "EWC", errors)
     if ewc_on is not None:
@@ -459,6 +461,9 @@ def build_config(
         cfg = config_from_dict(data)
     except ConfigError as e:
         raise FormError(errors + e.errors) from None
+    note = cfg.grpo.fit_micro_batch()  # the preset's chunking may have been sized for another G
+    if note:
+        form.notes.append(note)
     seen = {p for p, _ in errors}
     more = [
         (p, m) for p, m in collect_errors(cfg) if p not in seen and not (p == "model.name" and "model.name" in seen)

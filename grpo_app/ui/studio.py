@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import json
 import logging
 import os
 import threading
@@ -355,8 +354,9 @@ class Studio:
             raise FormError([("run", f"run '{run.id}' has no trained model yet (a run saves one when it completes).")])
         return run
 
-    def compare_spec(self, mode, run_id, base, trained, eval_set, n, dmin, dmax, seed, max_tokens) -> dict:
-        from ..evaluation import EvalSettings
+    def compare_spec(self, mode, run_id, base, trained, eval_set, n, dmin, dmax, seed, max_tokens):
+        """The form's values as an `evaluation.CompareSpec`, or a FormError listing every problem."""
+        from ..evaluation import CompareSpec
 
         errors: list = []
         n = forms.parse_int(n, "n", "N (problems)", errors, 1, self.limits.max_eval_n)
@@ -368,118 +368,41 @@ class Studio:
             errors.append(("difficulty", f"the difficulty range {dmin}..{dmax} is empty (max below min)."))
         eval_set = eval_set if isinstance(eval_set, str) else ""
         if eval_set != "gsm8k" and not eval_set.startswith("stage:"):
-            errors.append(("eval_set", f"unknown problem set {eval_set!r}; use 'gsm8k' or 'stage:<k>'."))
-        run = cfg = None
+            errors.append(("eval_set", f"unknown problem set {eval_set[:40]!r}; use 'gsm8k' or 'stage:<k>'."))
+        run = None
+        names: dict[str, str] = {}
         if mode == "run":
             try:
                 run = self.run_with_model(run_id)
-                cfg = run.config()
-                base_name, trained_name = cfg.model.name, str(run.final_dir)
             except FormError as e:
                 errors += e.errors
         elif mode == "models":
-            base_name = trained_name = None
+            if eval_set != "gsm8k":
+                errors.append(("eval_set", "held-out stage problems need a run: pick 'A run vs its base model'."))
             for role, name in (("base", base), ("trained", trained)):
                 try:
-                    resolved = self.check_model(name)
+                    names[role] = self.check_model(name)
                 except FormError as e:
                     errors.append((role, f"{role} model: {e.errors[0][1]}"))
-                    continue
-                if role == "base":
-                    base_name = resolved
-                else:
-                    trained_name = resolved
         else:
-            errors.append(("mode", f"unknown mode {mode!r}; use 'run' or 'models'."))
-        stage_k = None
-        if not errors and eval_set.startswith("stage:"):
-            if cfg is None:
-                errors.append(("eval_set", "held-out stage problems need a run: pick 'A run vs its base model'."))
-            else:
-                try:
-                    stage_k = int(eval_set.split(":", 1)[1])
-                    if not 0 <= stage_k < len(cfg.stages):
-                        raise ValueError
-                except ValueError:
-                    errors.append(("eval_set", f"{eval_set!r}: the run has stages 0..{len(cfg.stages) - 1}."))
+            errors.append(("mode", f"unknown mode {str(mode)[:40]!r}; use 'run' or 'models'."))
         if errors:
             raise FormError(errors)
-        data_cfg = cfg.data if cfg is not None else DataConfig()
-        system_prompt = data_cfg.system_prompt
-        if stage_k is not None:
-            from ..evaluation import stage_eval_settings
-
-            st = cfg.stages[stage_k]
-            settings = stage_eval_settings(cfg, stage_k, n, seed, max_new_tokens=tokens)
-            name = f"stage{stage_k + 1}-{st.name}-n{n}-seed{seed}"
-            what = f"held-out problems like stage {stage_k + 1} ({st.name})"
-        else:
-            settings = EvalSettings(
-                n=n,
-                seed=seed,
-                system_prompt=system_prompt,
-                max_new_tokens=tokens,
-                min_difficulty=dmin,
-                max_difficulty=dmax,
-            )
-            name = f"gsm8k-n{n}-seed{seed}-d{dmin}-{dmax}"
-            what = f"GSM8K test, difficulty {dmin}–{dmax}"
         try:
-            settings.validate()
+            if run is not None:
+                return CompareSpec.for_run(run, eval_set, n, seed, tokens, dmin, dmax)
+            return CompareSpec.for_models(names["base"], names["trained"], n, seed, tokens, dmin, dmax)
         except ValueError as e:
-            raise FormError([("settings", str(e))]) from None
-        return {
-            "base": base_name,
-            "trained": trained_name,
-            "settings": settings,
-            "data_cfg": data_cfg,
-            "run": run,
-            "stage": stage_k,
-            "name": name,
-            "what": what,
-        }
+            raise FormError([("eval_set" if "stage" in str(e) or "problem set" in str(e) else "settings", str(e))]) from None
 
-    def submit_compare(self, spec: dict, watcher: str | None = None):
+    def submit_compare(self, spec, watcher: str | None = None):
         """Queue the comparison (or join the same one already queued); returns the Job."""
-        from dataclasses import asdict
-
-        from ..evaluation import compare_models, save_compare
-
-        key = json.dumps([spec["base"], spec["trained"], asdict(spec["settings"])], sort_keys=True, default=str)
-        n = spec["settings"].n
+        from ..evaluation import run_compare
 
         def work(report, should_stop):
-            report(phase="loading problems", base_done=0, base_total=n, trained_done=0, trained_total=n)
+            return run_compare(spec, report, should_stop)
 
-            def prog(role, done, total):
-                report(phase=f"evaluating the {role} model", **{f"{role}_done": done, f"{role}_total": total})
-
-            exclude = None
-            if spec["stage"] is not None:  # held-out: never a question the run trained on
-                from ..evaluation import training_questions
-
-                report(phase="collecting the run's training questions")
-                exclude = training_questions(spec["run"].config())
-            result = compare_models(
-                spec["base"],
-                spec["trained"],
-                spec["settings"],
-                spec["data_cfg"],
-                prog,
-                should_stop,
-                restrict_paths=False,
-                exclude_questions=exclude,
-            )
-            if exclude is not None:  # checked, not assumed
-                qs = [r["question"] for r in result["base"]["records"]]
-                result["overlap_with_training"] = {"n": len(qs), "in_training": sum(q in exclude for q in qs)}
-            if spec["run"] is not None:
-                save_compare(result, spec["run"].eval_dir / f"{spec['name']}.json")
-            result["what"] = spec["what"]
-            return result
-
-        label = f"{spec['what']}: {spec['base']} vs {spec['trained']}"
-        return self.evals.submit(work, label=label, key=key, watcher=watcher)
+        return self.evals.submit(work, label=spec.label(), key=spec.key(), watcher=watcher)
 
     # ---- the Try tab ----------------------------------------------------------------------------
     def try_models(self, mode, run_id, base, trained) -> dict:
