@@ -27,7 +27,7 @@ CONFIG_DIR = PROJECT_ROOT / "configs"
 # greedy answers ending in a '#### n' line went from 4% to 33% with one), but GRPO teaches the format
 # within a few steps anyway, and after arithmetic stages the model copied the example ('12 + 7 = 19 /
 # #### 19') into GSM8K answers: with it, GSM8K fell from 2.5% to 1.2% after the classroom preset; without
-# it, no seed fell (README, 'Does it learn?').
+# it, no seed fell (docs/experiments.md, 'Why GSM8K used to fall').
 DEFAULT_SYSTEM_PROMPT = (
     "Solve the math problem. Show your work briefly, then give the final answer on the last line as "
     "'#### <number>'."
@@ -364,7 +364,7 @@ class EWCConfig:
     lam: float = _f(
         1000.0,
         "lambda: strength of the penalty lambda/2 * sum_i F_i (theta_i - theta*_i)^2 (with normalize, F has mean 1). "
-        "1000 kept all of stage 1's held-out gain on SmolLM2-135M in the classroom preset (README, 'Does it learn?').",
+        "1000 kept all of stage 1's held-out gain on SmolLM2-135M in the classroom preset (docs/experiments.md).",
         aliases=("lambda",),
     )
     fisher_samples: int = _f(32, "Completions whose log-likelihood gradients estimate the Fisher at a stage's end.")
