@@ -1,0 +1,32 @@
+"""bench/time_to_learning.py on the tiny random model: snapshots at wall-clock marks and at the end, each
+scored on held-out stage problems paired with the base, with the clock and the goal check in the JSON."""
+
+import json
+import os
+import subprocess
+import sys
+
+from .conftest import ROOT
+
+
+def test_time_to_learning_bench_scores_snapshots_against_the_base(tmp_path):
+    out = tmp_path / "ttl.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "time_to_learning.py"), "--config", "tests/configs/tiny.yaml",
+           "--every", "0.001", "--n", "6", "--eval-batch", "6", "--out", str(out),
+           "--set", f"run.output_dir={tmp_path / 'runs'}", "--set", "run.save_every=0"]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=dict(os.environ))
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    pts = res["points"]
+    # a mark that every step passes: one snapshot per optimizer step (2 + 2), then the final model
+    assert [p["step"] for p in pts] == [1, 2, 3, 4, 4] and [p["final"] for p in pts] == [False] * 4 + [True]
+    times = [p["train_seconds"] for p in pts]
+    assert times == sorted(times) and times[-1] <= res["run_wall_seconds_incl_load"]
+    assert set(res["sets"]) == {"stage 1: s1", "stage 2: s2"}
+    assert all(s["overlap_with_training"] == 0 and s["n"] == 6 for s in res["sets"].values())
+    for p in pts:
+        for name, v in p["sets"].items():
+            assert v["gain"] == round(v["accuracy"] - res["base"][name]["accuracy"], 4)
+            assert 0 <= v["p_value"] <= 1
+        assert p["goal_met"] is False  # a tiny random model does not learn arithmetic in 4 steps
+    assert res["first_point_meeting_goal_s"] is None and res["peak_rss_mb"] > 0
