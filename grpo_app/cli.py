@@ -5,6 +5,7 @@ python -m grpo_app resume <run_id>
 python -m grpo_app eval --model <run id | hub id | folder | embedded> --n 100
 python -m grpo_app compare --base embedded --trained <run id> --n 100
 python -m grpo_app runs
+python -m grpo_app export <run_id> --format gguf|safetensors [--quant f32|f16|q8_0] [--out PATH] [--push owner/name]
 python -m grpo_app validate --config classroom --set ewc.lam=10
 python -m grpo_app explain [settings|rewards|presets]
 """
@@ -299,6 +300,42 @@ def cmd_explain(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    """The run's trained model as GGUF or safetensors (a folder with a model card), optionally pushed to the Hub."""
+    from .model_export import ExportError, check_choice, export_run, push_to_hub, write_single_gguf
+    from .runs import RunDir, runs_root, validate_run_id
+
+    try:
+        fmt = str(args.format).lower()
+        default_quant = {"gguf": "f16", "safetensors": "f32"}.get(fmt, "")
+        fmt, quant = check_choice(fmt, args.quant or default_quant)
+        root = Path(args.runs_dir) if args.runs_dir else runs_root()
+        run = RunDir(root / validate_run_id(args.run_id))
+        if not run.config_path.is_file():
+            raise ExportError(f"there is no run '{run.id}' in {root}.")
+        if args.out and args.out.endswith(".gguf"):
+            if fmt != "gguf":
+                raise ExportError("an --out name ending in .gguf needs --format gguf.")
+            if args.push:
+                raise ExportError("--push uploads a folder with its model card: give --out a folder, not a .gguf file.")
+            notes = write_single_gguf(run, Path(args.out), quant)
+            size = Path(args.out).stat().st_size / 2**20
+            print(f"Exported {run.id} as GGUF {quant}: {args.out} ({size:,.1f} MB)")
+        else:
+            res = export_run(run, fmt, quant, Path(args.out) if args.out else None)
+            notes = res.notes
+            print(f"Exported {run.id} as {fmt} {quant}: {res.path} ({res.bytes / 2**20:,.1f} MB, model card README.md)")
+        for n in notes:
+            print(f"note: {n}")
+        if args.push:
+            url = push_to_hub(res.folder, args.push, private=not args.public, shown=str(res.folder))
+            print(f"Pushed to {url}")
+    except (ExportError, ValueError) as e:
+        print(f"Cannot export: {e}" if "Not pushed" not in str(e) else str(e), file=sys.stderr)
+        return 2
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m grpo_app", description="CPU GRPO Studio: training, evaluation, runs.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -342,6 +379,16 @@ def build_parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("runs", help="list runs")
     ls.add_argument("--runs-dir", default=None)
     ls.set_defaults(func=cmd_runs)
+
+    ex = sub.add_parser("export", help="a run's trained model as GGUF (llama.cpp, Ollama) or safetensors")
+    ex.add_argument("run_id")
+    ex.add_argument("--format", "-f", default="gguf", help="gguf or safetensors (default: gguf)")
+    ex.add_argument("--quant", "-q", default=None, help="f32, f16 or q8_0 (gguf only); default f16 for gguf, f32 else")
+    ex.add_argument("--out", "-o", default=None, help="a folder (default: <run>/export/<format>-<quant>) or a .gguf file")
+    ex.add_argument("--push", metavar="OWNER/NAME", default=None, help="then upload the folder to this Hub model repo")
+    ex.add_argument("--public", action="store_true", help="with --push: make a new repo public (default private)")
+    ex.add_argument("--runs-dir", default=None)
+    ex.set_defaults(func=cmd_export)
 
     v = sub.add_parser("validate", help="check a config without training")
     v.add_argument("--config", "-c", default="quick")

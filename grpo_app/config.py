@@ -410,6 +410,12 @@ class RunConfig:
     keep_checkpoints: int = _f(2, "Checkpoints kept per run (older ones are deleted).")
     log_every: int = _f(1, "Log metrics every N steps.")
     eval_n: int = _f(0, "After training, evaluate base and trained on N GSM8K test problems (0 = skip).")
+    report_to: list = _f(
+        [],
+        "Also log TRL's training metrics to these trackers, offline, inside the run folder: tensorboard "
+        "(<run>/tensorboard/stage-N; open with `tensorboard --logdir <run>/tensorboard`), trackio (<run>/trackio), "
+        "wandb (offline mode, <run>/wandb; `wandb sync` uploads it later). Empty = none.",
+    )
 
     def check(self, cfg: Config, check_paths: bool = True) -> list[tuple[str, str]]:
         e = []
@@ -423,7 +429,30 @@ class RunConfig:
             e.append(("log_every", "must be at least 1."))
         if self.eval_n < 0:
             e.append(("eval_n", "must be 0 or more."))
-        return e
+        return e + report_to_errors(self)
+
+
+REPORT_TO = ("tensorboard", "trackio", "wandb")
+_REPORT_TO_MODULES = {"tensorboard": "tensorboard", "trackio": "trackio", "wandb": "wandb"}
+
+
+def report_to_errors(r: RunConfig) -> list[tuple[str, str]]:
+    """run.report_to (part of RunConfig.check): known tracker names, each installed here (none of them is a
+    dependency)."""
+    import importlib.util
+
+    e: list[tuple[str, str]] = []
+    names = [str(x).strip().lower() for x in r.report_to or []]
+    for name in names:
+        if name == "none":
+            continue
+        if name not in REPORT_TO:
+            e.append(("report_to", f"{_show(name)} is not one of {', '.join(REPORT_TO)} (or leave it empty)."))
+        elif importlib.util.find_spec(_REPORT_TO_MODULES[name]) is None:
+            e.append(("report_to", f"'{name}' is not installed here; pip install {name}, or remove it."))
+    if "none" in names and len(names) > 1:
+        e.append(("report_to", "'none' cannot be combined with trackers; list only the trackers."))
+    return e
 
 
 @dataclass

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import random
 import time
 from dataclasses import asdict
@@ -55,7 +56,29 @@ class _NullReporter:
         return False
 
 
-def grpo_args(cfg: Config, stage_index: int, output_dir: Path, device: str):
+def trackers(cfg: Config) -> list[str]:
+    """run.report_to as TRL's `report_to` (validated in config.report_to_errors; 'none' = no tracker)."""
+    return [n for n in (str(x).strip().lower() for x in cfg.run.report_to or []) if n and n != "none"]
+
+
+def _tracker_setup(cfg: Config, run: RunDir) -> None:
+    """Trackers write inside the run folder and never need the network: wandb in offline mode (unless
+    WANDB_MODE says otherwise) under <run>/wandb, trackio's local database under <run>/trackio (trackio
+    reads TRACKIO_DIR when first imported). TensorBoard's folder is set per stage in run_stage."""
+    names = trackers(cfg)
+    if "wandb" in names:
+        os.environ.setdefault("WANDB_MODE", "offline")
+        os.environ["WANDB_DIR"] = str(run.path)
+        os.environ.setdefault("WANDB_PROJECT", "grpo-app")
+    if "trackio" in names:
+        os.environ["TRACKIO_DIR"] = str(run.path / "trackio")
+
+
+def tensorboard_dir(run: RunDir, stage_index: int) -> Path:
+    return run.path / "tensorboard" / f"stage-{stage_index + 1}"
+
+
+def grpo_args(cfg: Config, stage_index: int, output_dir: Path, device: str, run_name: str | None = None):
     from trl import GRPOConfig
 
     g = cfg.grpo
@@ -92,7 +115,8 @@ def grpo_args(cfg: Config, stage_index: int, output_dir: Path, device: str):
         logging_steps=cfg.run.log_every,
         save_strategy="steps" if cfg.run.save_every else "no",
         save_steps=cfg.run.save_every or 10**9,
-        report_to=[],
+        report_to=trackers(cfg),
+        run_name=run_name,
         seed=cfg.run.seed + stage_index,
         data_seed=cfg.run.seed + stage_index,
         disable_tqdm=True,
@@ -334,7 +358,7 @@ class _Job:
         stage = cfg.stages[k]
         pool = stage_pool(stage, cfg.data, seed=cfg.data.seed + k)
         active_ewc = self.ewc if (self.ewc is not None and self.ewc.active) else None
-        args = grpo_args(cfg, k, run.checkpoints_dir / f"stage-{k}", device)
+        args = grpo_args(cfg, k, run.checkpoints_dir / f"stage-{k}", device, run_name=f"{run.id}-stage{k + 1}")
         reporter.event(
             "stage_start",
             stage=k,
@@ -392,6 +416,12 @@ class _Job:
             checkpoint_hook=checkpoint_hook,
         )
         trainer.reward_weights = torch.tensor(self.weights, dtype=torch.float32)
+        if "tensorboard" in args.report_to:  # one TensorBoard run per stage, inside the run folder
+            from transformers.integrations import TensorBoardCallback
+
+            for c in trainer.callback_handler.callbacks:
+                if isinstance(c, TensorBoardCallback):
+                    c.logging_dir = str(tensorboard_dir(run, k))
         box["t"] = trainer
         trainer.train(resume_from_checkpoint=resume_from)
         if distributed.is_main():
@@ -407,6 +437,7 @@ def train(cfg: Config, run: RunDir, reporter=None, resume: bool = False) -> str:
     """Run (or resume) the job described by `cfg` in `run`. Returns 'completed' or 'stopped'."""
     reporter = reporter or _NullReporter()
     job = _Job(cfg, run, reporter)
+    _tracker_setup(cfg, run)
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)
     n_stages = len(cfg.stages)

@@ -73,3 +73,30 @@ def write_text_export(name: str, text: str) -> Path:
     out = _fresh_folder() / safe
     out.write_text(text, encoding="utf-8")
     return out
+
+
+def model_download(run: RunDir, fmt: str, quant: str):
+    """(file for a browser, ExportResult): the run's model exported by `model_export.export_run` into
+    <run>/export/<fmt>-<quant> (kept there, e.g. for a Hub push), handed over as the .gguf file itself or,
+    for safetensors, the export folder (model, tokenizer, model card) as a zip."""
+    from .model_export import export_run
+
+    res = export_run(run, fmt, quant)
+    folder = _fresh_folder()
+    if res.fmt == "gguf":
+        out = folder / res.path.name
+        try:
+            os.link(res.path, out)  # same file system: no copy of hundreds of MB
+        except OSError:
+            import shutil
+
+            shutil.copyfile(res.path, out)
+        return out, res
+    out = folder / f"{run.id}-{res.fmt}-{res.quant}.zip"
+    tmp = out.with_suffix(".part")
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for f in sorted(res.folder.iterdir()):
+            if f.is_file():
+                zf.write(f, arcname=f"{run.id}/{f.name}")
+    os.replace(tmp, out)
+    return out, res

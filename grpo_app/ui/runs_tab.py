@@ -1,5 +1,6 @@
 """Runs tab: every run under the runs folder — status, preset, stages, final reward, duration — and,
-for one run, its charts, its comparisons, its trained model as a zip, Resume, and Delete (which
+for one run, its charts, its comparisons, its config.yaml, its trained model as a zip, an export as
+GGUF or safetensors (with a model card) and its push to the Hugging Face Hub, Resume, and Delete (which
 asks for the run id typed out, so nothing is deleted by a stray click)."""
 
 from __future__ import annotations
@@ -8,12 +9,31 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from ..exports import zip_trained_model
+from ..exports import model_download, zip_trained_model
 from ..monitor import resumable
 from . import render
 from .common import guard, plot
 from .forms import FormError
 from .studio import TRAIN_CHARTS, Studio
+
+EXPORT_CHOICES = [
+    ("GGUF f16 — llama.cpp / Ollama", "gguf:f16"),
+    ("GGUF q8_0 — about half the size of f16", "gguf:q8_0"),
+    ("GGUF f32 — the trained numbers exactly", "gguf:f32"),
+    ("safetensors f32 — transformers (zip)", "safetensors:f32"),
+    ("safetensors f16 — transformers, half the size (zip)", "safetensors:f16"),
+]
+
+
+def _export_choice(choice) -> tuple[str, str]:
+    from ..model_export import check_choice
+
+    fmt, _, quant = str(choice or "").partition(":")
+    return check_choice(fmt, quant)
+
+
+def _export_label(choice) -> str:
+    return next((label.split(" — ")[0] for label, value in EXPORT_CHOICES if value == choice), str(choice))
 
 
 @dataclass
@@ -58,6 +78,27 @@ def create_runs_tab(studio: Studio) -> RunsTab:
             download_btn = gr.Button("Prepare the trained model as a .zip", elem_id="runs-download")
             resume_btn = gr.Button("Resume this run", elem_id="runs-resume")
         zip_file = gr.File(label="Trained model", interactive=False, visible=False, elem_id="runs-zip")
+        with gr.Accordion("config.yaml of this run", open=False, elem_id="run-config-box"):
+            run_config = gr.Code(language="yaml", label="config.yaml", interactive=False, elem_id="run-config")
+        with gr.Accordion("Export the trained model (GGUF for llama.cpp / Ollama, or safetensors)", open=False,
+                          elem_id="runs-export-box"):
+            with gr.Row(equal_height=False):
+                export_choice = gr.Dropdown(
+                    EXPORT_CHOICES, value="gguf:f16", label="Format", elem_id="runs-export-format", scale=3
+                )
+                export_btn = gr.Button("Export", elem_id="runs-export", scale=1)
+            export_file = gr.File(label="Exported model", interactive=False, visible=False, elem_id="runs-export-file")
+            with gr.Row(equal_height=False):
+                hub_repo = gr.Textbox(label="Hub repo (owner/name)", max_lines=1, elem_id="runs-hub-repo", scale=2)
+                hub_token = gr.Textbox(
+                    label="Hugging Face write token (used for this push only, never stored)",
+                    type="password",
+                    max_lines=1,
+                    elem_id="runs-hub-token",
+                    scale=2,
+                )
+                hub_private = gr.Checkbox(True, label="private repo", elem_id="runs-hub-private", scale=1)
+            push_btn = gr.Button("Push this export to the Hub", elem_id="runs-push")
         with gr.Accordion("Delete this run", open=False, elem_id="runs-delete-box"):
             confirm = gr.Textbox(label="Type the run id to confirm", max_lines=1, elem_id="runs-confirm")
             delete_btn = gr.Button("Delete run", variant="stop", elem_id="runs-delete")
@@ -127,6 +168,67 @@ def create_runs_tab(studio: Studio) -> RunsTab:
 
     download_btn.click(on_download, [pick], [zip_file, message], api_name="download", concurrency_limit=1).then(
         lambda f: gr.update(visible=bool(f)), [zip_file], [zip_file], api_visibility="undocumented"
+    )
+
+    @guard("show the run's config")
+    def on_config(run_id):
+        if not run_id:
+            return ""
+        try:
+            run = studio.get_run(run_id)
+            return run.config_path.read_text(encoding="utf-8")
+        except (FormError, OSError):
+            return ""
+
+    open_btn.click(on_config, [pick], [run_config], api_name="run_config", concurrency_limit=None)
+    pick.change(on_config, [pick], [run_config], api_visibility="undocumented", concurrency_limit=None)
+
+    @guard("export the model")
+    def on_export(run_id, choice):
+        from ..model_export import ExportError
+
+        try:
+            fmt, quant = _export_choice(choice)
+            run = studio.get_run(run_id)
+            path, res = model_download(run, fmt, quant)
+        except FormError as e:
+            return None, f"⚠ {e.errors[0][1]}"
+        except ExportError as e:
+            return None, f"⚠ {e}"
+        where = f"export/{res.fmt}-{res.quant}" + (f"/{res.path.name}" if res.fmt == "gguf" else "")
+        msg = (
+            f"Exported **{run.id}** as {_export_label(choice)} ({path.stat().st_size / 2**20:,.1f} MB, "
+            f"{res.seconds:.0f} s); it is also kept in the run folder as `{where}`"
+            + (", with its model card (README.md)." if res.fmt == "gguf" else " (the zip holds the model card, README.md).")
+        )
+        return str(path), msg + "".join(f"\n\nNote: {n}" for n in res.notes)
+
+    export_btn.click(
+        on_export, [pick, export_choice], [export_file, message], api_name="export_model", concurrency_id="export",
+        concurrency_limit=1,
+    ).then(lambda f: gr.update(visible=bool(f)), [export_file], [export_file], api_visibility="undocumented")
+
+    @guard("push to the Hub")
+    def on_push(run_id, choice, repo, token, private):
+        from ..model_export import ExportError, default_out, push_to_hub
+
+        try:
+            fmt, quant = _export_choice(choice)
+            run = studio.get_run(run_id)
+            folder = default_out(run, fmt, quant)
+            shown = f"`export/{fmt}-{quant}` of run {run.id}"
+            if not folder.is_dir():
+                return f"⚠ Export **{run.id}** as {_export_label(choice)} first (the Export button); then push it."
+            url = push_to_hub(folder, repo, token=token or None, private=bool(private), shown=shown)
+        except FormError as e:
+            return f"⚠ {e.errors[0][1]}"
+        except ExportError as e:
+            return f"⚠ {e}"
+        return f"Pushed {shown} to [{url}]({url})."
+
+    push_btn.click(
+        on_push, [pick, export_choice, hub_repo, hub_token, hub_private], [message], api_name="push_model",
+        concurrency_id="export", concurrency_limit=1,
     )
 
     @guard("resume the run")

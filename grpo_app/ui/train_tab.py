@@ -166,6 +166,14 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
                 )
                 err_lora = gr.Markdown(visible=False, elem_classes="field-error")
 
+    with gr.Accordion("Preview: this run's config.yaml and the same run from a terminal", open=False, elem_id="preview-box"):
+        preview_btn = gr.Button("Show what Start would run", elem_id="preview-btn", size="sm")
+        preview_msg = gr.Markdown(elem_id="preview-message")
+        preview_cmd = gr.Code(
+            language="shell", label="Command (copy it)", interactive=False, elem_id="preview-command", max_lines=12
+        )
+        preview_yaml = gr.Code(language="yaml", label="config.yaml", interactive=False, elem_id="preview-yaml", max_lines=40)
+
     with gr.Row():
         start_btn = gr.Button("Start training", variant="primary", elem_id="start-btn", scale=2)
         stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn", scale=1)
@@ -316,6 +324,39 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
     start_btn.click(
         on_start, form_inputs, [message, *slot_outputs], api_name="start", concurrency_id="train_control"
     ).then(tick, [state, group], tick_outputs, show_progress="hidden", api_visibility="undocumented")
+
+    @guard("preview the run")
+    def on_preview(preset, model, data_source, upload, stages, num_generations, completion_length, prompts_per_step,
+                   learning_rate, ewc, ewc_lambda, lora, seed, run_name):
+        from .preview import preview
+
+        form = TrainForm(
+            preset=preset,
+            model=model,
+            gsm8k=data_source,
+            stages=stages,
+            num_generations=num_generations,
+            max_completion_length=completion_length,
+            prompts_per_step=prompts_per_step,
+            learning_rate=learning_rate,
+            ewc=ewc,
+            ewc_lam=ewc_lambda,
+            lora=lora,
+            seed=seed,
+            run_name=run_name,
+        )
+        try:
+            text, command = preview(studio, form, upload)
+        except FormError as e:
+            lines = "\n".join(f"- {m}" for _, m in e.errors)
+            return f"**Nothing to preview — fix these settings first:**\n{lines}", "", ""
+        notes = "".join(f"\n\nNote: {n}" for n in form.notes)
+        msg = "Start would run exactly this; the command below does the same from a terminal in the project folder."
+        return msg + notes, command, text
+
+    preview_btn.click(
+        on_preview, form_inputs, [preview_msg, preview_cmd, preview_yaml], api_name="preview", concurrency_limit=None
+    )
 
     @guard("stop training")
     def on_stop():
