@@ -39,6 +39,33 @@ def _resolve_model_arg(name: str) -> str:
     return name
 
 
+def _print_config_error(e) -> None:
+    """One line for one problem, a list for several; a message is never longer than a line or two."""
+    lines = [f"{_cut(p, 80)}: {_cut(m, 300)}" for p, m in e.errors]
+    if len(lines) == 1:
+        print(f"Invalid configuration: {lines[0]}", file=sys.stderr)
+    else:
+        print("Invalid configuration:\n" + "\n".join(f"  {line}" for line in lines), file=sys.stderr)
+
+
+def _cut(text, limit: int) -> str:
+    text = str(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _runs_dir(path) -> Path:
+    """The runs folder to use; ValueError when it exists and is not a folder."""
+    from .runs import runs_root
+
+    root = Path(path) if path else runs_root()
+    if root.exists() and not root.is_dir():
+        raise ValueError(
+            f"the runs folder {root} is a file, not a folder; point GRPO_APP_RUNS_DIR or --runs-dir "
+            "(run.output_dir for train) at a folder."
+        )
+    return root
+
+
 def _watch(manager, run, second_interrupt_aborts: bool = True) -> str:
     """Render progress of the manager's job until it ends; Ctrl-C asks for a clean stop (a second one
     aborts, unless `second_interrupt_aborts` is off: under torchrun the launcher forwards each Ctrl-C
@@ -112,10 +139,14 @@ def cmd_train(args) -> int:
             overrides.append(f"run.name={args.name}")
         cfg = load_config(args.config, overrides)
     except ConfigError as e:
-        print("Invalid configuration:\n" + "\n".join(f"  {p}: {m}" for p, m in e.errors), file=sys.stderr)
+        _print_config_error(e)
         return 2
-    manager = RunManager(runs_root(cfg.run.output_dir))
-    run = manager.start(cfg)
+    try:
+        manager = RunManager(_runs_dir(runs_root(cfg.run.output_dir)))
+        run = manager.start(cfg)
+    except (ValueError, RuntimeError, OSError) as e:  # another training in this runs folder, a bad folder
+        print(f"Cannot start: {e}", file=sys.stderr)
+        return 2
     print(f"Run {run.id} -> {run.path}")
     status = _watch(manager, run)
     return _finish(run, status)
@@ -136,12 +167,11 @@ def _finish(run, status: str) -> int:
 
 def cmd_resume(args) -> int:
     from .manager import RunManager
-    from .runs import runs_root
 
-    manager = RunManager(args.runs_dir or runs_root())
     try:
+        manager = RunManager(_runs_dir(args.runs_dir))
         run = manager.resume(args.run_id)
-    except (ValueError, RuntimeError) as e:
+    except (ValueError, RuntimeError, OSError) as e:
         print(f"Cannot resume: {e}", file=sys.stderr)
         return 2
     print(f"Resuming {run.id}")
@@ -225,9 +255,13 @@ def cmd_compare(args) -> int:
 
 
 def cmd_runs(args) -> int:
-    from .runs import list_runs, runs_root
+    from .runs import list_runs
 
-    runs = list_runs(Path(args.runs_dir) if args.runs_dir else runs_root())
+    try:
+        runs = list_runs(_runs_dir(args.runs_dir))
+    except (ValueError, OSError) as e:
+        print(f"Cannot list runs: {e}", file=sys.stderr)
+        return 2
     if not runs:
         print("No runs yet.")
         return 0
@@ -245,7 +279,7 @@ def cmd_validate(args) -> int:
     try:
         cfg = load_config(args.config, args.set or [])
     except ConfigError as e:
-        print("Invalid configuration:\n" + "\n".join(f"  {p}: {m}" for p, m in e.errors), file=sys.stderr)
+        _print_config_error(e)
         return 2
     print(f"OK: preset '{cfg.preset}', {len(cfg.stages)} stages, {cfg.total_steps} steps")
     if args.show:
@@ -254,7 +288,7 @@ def cmd_validate(args) -> int:
 
 
 def cmd_explain(args) -> int:
-    from .config import describe_fields, list_presets, load_config
+    from .config import ConfigError, describe_fields, list_presets, load_config
     from .rewards import reward_help
 
     what = args.what
@@ -263,7 +297,11 @@ def cmd_explain(args) -> int:
             print(f"{name:<14} {text}")
     elif what == "presets":
         for name in list_presets():
-            cfg = load_config(name, validate=False)
+            try:
+                cfg = load_config(name, validate=False)
+            except ConfigError as e:
+                print(f"{name:<12} cannot be read: {_cut(e.errors[0][1], 200)}")
+                continue
             print(f"{name:<12} {cfg.total_steps:>4} steps  {cfg.description}")
     else:
         for path, text, default in describe_fields():
@@ -344,7 +382,7 @@ def _train_in_processes(args) -> int:
             cfg = load_config(args.config, overrides)
         except ConfigError as e:
             if main:
-                print("Invalid configuration:\n" + "\n".join(f"  {p}: {m}" for p, m in e.errors), file=sys.stderr)
+                _print_config_error(e)
             return 2
         device = pick_device(cfg.model.device)
     else:

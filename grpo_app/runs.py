@@ -28,7 +28,7 @@ from pathlib import Path
 
 import psutil
 
-from .config import PROJECT_ROOT, Config, config_from_dict, load_yaml_text
+from .config import PROJECT_ROOT, Config, config_from_dict, read_yaml_file
 from .fileio import append_jsonl, atomic_write_json, atomic_write_text, clean_json, read_json_object, read_jsonl
 
 ACTIVE = ("running", "stopping")
@@ -82,7 +82,7 @@ class RunDir:
         return rd
 
     def config(self) -> Config:
-        return config_from_dict(load_yaml_text(self.config_path.read_text(encoding="utf-8"), str(self.config_path)))
+        return config_from_dict(read_yaml_file(self.config_path, "config.yaml"))
 
     # status
     def read_status(self) -> dict:

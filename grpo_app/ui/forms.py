@@ -29,7 +29,7 @@ from ..config import (
     StageConfig,
     collect_errors,
     config_from_dict,
-    load_yaml_text,
+    read_yaml_file,
 )
 
 STAGE_HEADERS = ["name", "source", "min difficulty", "max difficulty", "steps"]
@@ -472,7 +472,7 @@ def build_config(
 
 
 def load_preset_data(path: Path) -> dict:
-    data = load_yaml_text(Path(path).read_text(encoding="utf-8"), str(path))
+    data = read_yaml_file(Path(path), Path(path).name)
     if not isinstance(data, dict):
         raise ConfigError([("preset", f"{Path(path).name} does not hold a mapping of settings.")])
     if not data.get("preset"):
