@@ -31,12 +31,17 @@ def _fmt_pct(x, ci=None) -> str:
 
 
 def _resolve_model_arg(name: str) -> str:
-    """A run id names its trained model; anything else is passed through."""
-    from .runs import RUN_ID_RE, runs_root
+    """A run id names its trained model (`runs.resolve_run`: a symlinked run folder is not one); anything else is
+    passed through."""
+    from .runs import resolve_run, runs_root
 
-    if RUN_ID_RE.match(name) and "/" not in name and (runs_root() / name / "final").is_dir():
-        return str(runs_root() / name / "final")
-    return name
+    try:
+        run = resolve_run(runs_root(), name)
+    except ValueError:
+        return name
+    if not run.has_final_model():
+        raise ValueError(f"run '{run.id}' has no trained model yet (a run saves one when it completes).")
+    return str(run.final_dir)
 
 
 def _print_config_error(e) -> None:

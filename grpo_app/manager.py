@@ -20,7 +20,7 @@ import psutil
 
 from .config import Config
 from .fileio import append_jsonl, atomic_write_json, read_json
-from .runs import ACTIVE, RunDir, list_runs, runs_root, validate_run_id
+from .runs import ACTIVE, RunDir, list_runs, resolve_run, runs_root
 
 
 # ------------------------------------------------------------------------------------------------
@@ -213,10 +213,8 @@ class RunManager:
             return run
 
     def resume(self, run_id: str, before_launch=None) -> RunDir:
-        run_id = validate_run_id(run_id)
-        run = RunDir(self.root / run_id)
-        if not run.config_path.is_file():
-            raise ValueError(f"no run '{run_id}' under {self.root}.")
+        run = self.get(run_id)
+        run_id = run.id
         with self._lock:
             status = run.effective_status()
             if status == "completed":
@@ -322,11 +320,8 @@ class RunManager:
         return list_runs(self.root)
 
     def get(self, run_id: str) -> RunDir:
-        run_id = validate_run_id(run_id)
-        run = RunDir(self.root / run_id)
-        if not run.config_path.is_file():
-            raise ValueError(f"no run '{run_id}'.")
-        return run
+        """The run `run_id` of this manager's folder (`runs.resolve_run`: symlinked folders are refused)."""
+        return resolve_run(self.root, run_id)
 
     def delete(self, run_id: str) -> None:
         run = self.get(run_id)

@@ -129,7 +129,9 @@ class RunDir:
         return len(recs) - len(keep)
 
     def has_final_model(self) -> bool:
-        return (self.final_dir / "config.json").is_file()
+        """A trained model in final/: a real folder of this run (a symlink to elsewhere does not count)."""
+        final = self.final_dir
+        return not final.is_symlink() and final.resolve().parent == self.path.resolve() and (final / "config.json").is_file()
 
     # checkpoints
     def checkpoints(self) -> list[dict]:
@@ -193,15 +195,46 @@ def _process_alive(pid, started) -> bool:
 
 
 def validate_run_id(run_id: str) -> str:
-    run_id = (run_id or "").strip()
+    run_id = (run_id or "").strip() if isinstance(run_id, str) else ""
     if not RUN_ID_RE.match(run_id) or ".." in run_id:
-        raise ValueError(f"'{run_id}' is not a run id (letters, digits, '-' and '_').")
+        raise ValueError(f"'{run_id[:40]}' is not a run id (letters, digits, '-' and '_').")
     return run_id
 
 
+def _real_run_folder(root: Path, path: Path) -> bool:
+    """A real folder (not a symlink) directly under `root` (resolved), holding a config.yaml that is a file."""
+    try:
+        return (
+            not path.is_symlink()
+            and path.is_dir()
+            and path.resolve().parent == root
+            and not (path / "config.yaml").is_symlink()
+            and (path / "config.yaml").is_file()
+        )
+    except OSError:
+        return False
+
+
+def resolve_run(root: Path, run_id: str) -> RunDir:
+    """The run `run_id` under the runs folder `root`, or ValueError. The one rule for a run id from a page or
+    the command line: a valid id naming a real folder directly under the resolved root. A symlinked run folder
+    (or one that resolves elsewhere) is refused, so no file outside the runs folder is served or loaded."""
+    run_id = validate_run_id(run_id)
+    root = Path(root).resolve()
+    path = root / run_id
+    if not _real_run_folder(root, path):
+        raise ValueError(f"no run '{run_id}'.")
+    return RunDir(path)
+
+
 def list_runs(root: Path) -> list[RunDir]:
-    if not root.is_dir():
+    """The run folders under `root`, newest first; symlinked folders are left out (see `resolve_run`)."""
+    try:
+        root = Path(root).resolve()
+        if not root.is_dir():
+            return []
+        runs = [RunDir(p) for p in root.iterdir() if RUN_ID_RE.match(p.name) and _real_run_folder(root, p)]
+    except OSError:
         return []
-    runs = [RunDir(p) for p in root.iterdir() if p.is_dir() and (p / "config.yaml").is_file()]
     runs.sort(key=lambda r: r.id, reverse=True)
     return runs
