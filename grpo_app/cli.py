@@ -274,7 +274,8 @@ def cmd_runs(args) -> int:
         s = r.summary()
         rew = f"{s['final_reward']:.3f}" if isinstance(s["final_reward"], (int, float)) else "-"
         dur = f"{s['duration_s'] / 60:.1f} min" if s["duration_s"] else "-"
-        print(f"{s['run_id']:<40} {s['status']:<12} {s['preset']:<12} steps {s['steps']:<9} reward {rew:<7} {dur}")
+        line = f"{s['run_id']:<40} {s['status']:<12} {s['preset']:<12} steps {s['steps']:<9} reward {rew:<7} {dur}"
+        print(line + (f"  ({_cut(s['damage'], 200)})" if s.get("damage") else ""))
     return 0
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 
 from .config import Config
-from .fileio import append_jsonl, atomic_write_json, read_json
+from .fileio import append_jsonl, atomic_write_json
 from .runs import ACTIVE, RunDir, list_runs, resolve_run, runs_root
 
 
@@ -217,6 +217,8 @@ class RunManager:
         run_id = run.id
         with self._lock:
             status = run.effective_status()
+            if status == "damaged":
+                raise ValueError(f"run '{run_id}' is damaged ({run.damage()}); it cannot be resumed.")
             if status == "completed":
                 raise ValueError(f"run '{run_id}' already completed; start a new run instead.")
             if run.latest_checkpoint() is None:
@@ -245,7 +247,7 @@ class RunManager:
             metrics=run.metrics() if resume else [],
             events=run.events() if resume else [],
             memory=run.memory() if resume else [],
-            step=read_json(run.step_path) if resume else None,
+            step=run.latest_step() if resume else None,
         )
         run.write_status(
             status="running",
