@@ -26,11 +26,13 @@ ANY_NUMBER_RE = re.compile(r"-?\$?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*
 # '1e999999999' or ten thousand digits) is refused at once instead of building a huge integer while the
 # GIL is held (which stalls every other page of a shared server).
 MAX_NUMBER_DIGITS = 40
-_PLAIN_NUMBER_RE = re.compile(r"-?(?:\d+(?:\.\d*)?|\.\d+)")
+_PLAIN_NUMBER_RE = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)")  # ASCII digits only
 
 
 def _plain_fraction(s: str) -> Fraction | None:
     if len(s) > MAX_NUMBER_DIGITS + 2 or not _PLAIN_NUMBER_RE.fullmatch(s):
+        return None
+    if sum(c.isdigit() for c in s) > MAX_NUMBER_DIGITS:
         return None
     return Fraction(Decimal(s))
 

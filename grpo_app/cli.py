@@ -32,12 +32,44 @@ def _fmt_pct(x, ci=None) -> str:
 
 
 def _resolve_model_arg(name: str) -> str:
-    """A run id names its trained model; anything else is passed through."""
-    from .runs import RUN_ID_RE, runs_root
+    """A run id names its trained model (`runs.resolve_run`: a symlinked run folder is not one); anything else is
+    passed through."""
+    from .runs import resolve_run, runs_root
 
-    if RUN_ID_RE.match(name) and "/" not in name and (runs_root() / name / "final").is_dir():
-        return str(runs_root() / name / "final")
-    return name
+    try:
+        run = resolve_run(runs_root(), name)
+    except ValueError:
+        return name
+    if not run.has_final_model():
+        raise ValueError(f"run '{run.id}' has no trained model yet (a run saves one when it completes).")
+    return str(run.final_dir)
+
+
+def _print_config_error(e) -> None:
+    """One line for one problem, a list for several; a message is never longer than a line or two."""
+    lines = [f"{_cut(p, 80)}: {_cut(m, 300)}" for p, m in e.errors]
+    if len(lines) == 1:
+        print(f"Invalid configuration: {lines[0]}", file=sys.stderr)
+    else:
+        print("Invalid configuration:\n" + "\n".join(f"  {line}" for line in lines), file=sys.stderr)
+
+
+def _cut(text, limit: int) -> str:
+    text = str(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _runs_dir(path) -> Path:
+    """The runs folder to use; ValueError when it exists and is not a folder."""
+    from .runs import runs_root
+
+    root = Path(path) if path else runs_root()
+    if root.exists() and not root.is_dir():
+        raise ValueError(
+            f"the runs folder {root} is a file, not a folder; point GRPO_APP_RUNS_DIR or --runs-dir "
+            "(run.output_dir for train) at a folder."
+        )
+    return root
 
 
 def _watch(manager, run, second_interrupt_aborts: bool = True) -> str:
@@ -113,10 +145,14 @@ def cmd_train(args) -> int:
             overrides.append(f"run.name={args.name}")
         cfg = load_config(args.config, overrides)
     except ConfigError as e:
-        print("Invalid configuration:\n" + "\n".join(f"  {p}: {m}" for p, m in e.errors), file=sys.stderr)
+        _print_config_error(e)
         return 2
-    manager = RunManager(runs_root(cfg.run.output_dir))
-    run = manager.start(cfg)
+    try:
+        manager = RunManager(_runs_dir(runs_root(cfg.run.output_dir)))
+        run = manager.start(cfg)
+    except (ValueError, RuntimeError, OSError) as e:  # another training in this runs folder, a bad folder
+        print(f"Cannot start: {e}", file=sys.stderr)
+        return 2
     print(f"Run {run.id} -> {run.path}")
     status = _watch(manager, run)
     return _finish(run, status)
@@ -137,12 +173,11 @@ def _finish(run, status: str) -> int:
 
 def cmd_resume(args) -> int:
     from .manager import RunManager
-    from .runs import runs_root
 
-    manager = RunManager(args.runs_dir or runs_root())
     try:
+        manager = RunManager(_runs_dir(args.runs_dir))
         run = manager.resume(args.run_id)
-    except (ValueError, RuntimeError) as e:
+    except (ValueError, RuntimeError, OSError) as e:
         print(f"Cannot resume: {e}", file=sys.stderr)
         return 2
     print(f"Resuming {run.id}")
@@ -254,9 +289,13 @@ def cmd_compare(args) -> int:
 
 
 def cmd_runs(args) -> int:
-    from .runs import list_runs, runs_root
+    from .runs import list_runs
 
-    runs = list_runs(Path(args.runs_dir) if args.runs_dir else runs_root())
+    try:
+        runs = list_runs(_runs_dir(args.runs_dir))
+    except (ValueError, OSError) as e:
+        print(f"Cannot list runs: {e}", file=sys.stderr)
+        return 2
     if not runs:
         print("No runs yet.")
         return 0
@@ -264,7 +303,8 @@ def cmd_runs(args) -> int:
         s = r.summary()
         rew = f"{s['final_reward']:.3f}" if isinstance(s["final_reward"], (int, float)) else "-"
         dur = f"{s['duration_s'] / 60:.1f} min" if s["duration_s"] else "-"
-        print(f"{s['run_id']:<40} {s['status']:<12} {s['preset']:<12} steps {s['steps']:<9} reward {rew:<7} {dur}")
+        line = f"{s['run_id']:<40} {s['status']:<12} {s['preset']:<12} steps {s['steps']:<9} reward {rew:<7} {dur}"
+        print(line + (f"  ({_cut(s['damage'], 200)})" if s.get("damage") else ""))
     return 0
 
 
@@ -274,7 +314,7 @@ def cmd_validate(args) -> int:
     try:
         cfg = load_config(args.config, args.set or [])
     except ConfigError as e:
-        print("Invalid configuration:\n" + "\n".join(f"  {p}: {m}" for p, m in e.errors), file=sys.stderr)
+        _print_config_error(e)
         return 2
     print(f"OK: preset '{cfg.preset}', {len(cfg.stages)} stages, {cfg.total_steps} steps")
     if args.show:
@@ -283,7 +323,7 @@ def cmd_validate(args) -> int:
 
 
 def cmd_explain(args) -> int:
-    from .config import describe_fields, list_presets, load_config
+    from .config import ConfigError, describe_fields, list_presets, load_config
     from .rewards import reward_help
 
     what = args.what
@@ -292,7 +332,11 @@ def cmd_explain(args) -> int:
             print(f"{name:<14} {text}")
     elif what == "presets":
         for name in list_presets():
-            cfg = load_config(name, validate=False)
+            try:
+                cfg = load_config(name, validate=False)
+            except ConfigError as e:
+                print(f"{name:<12} cannot be read: {_cut(e.errors[0][1], 200)}")
+                continue
             print(f"{name:<12} {cfg.total_steps:>4} steps  {cfg.description}")
     else:
         for path, text, default in describe_fields():
@@ -428,7 +472,7 @@ def _train_in_processes(args) -> int:
             cfg = load_config(args.config, overrides)
         except ConfigError as e:
             if main:
-                print("Invalid configuration:\n" + "\n".join(f"  {p}: {m}" for p, m in e.errors), file=sys.stderr)
+                _print_config_error(e)
             return 2
         device = pick_device(cfg.model.device)
     else:

@@ -518,6 +518,22 @@ def _suggest(key: str, options) -> str:
     return f" Did you mean '{close[0]}'?" if close else f" Known keys: {', '.join(sorted(options))}."
 
 
+def _show(value, limit: int = 40) -> str:
+    """A value as an error message shows it: its repr, cut to `limit` characters (a pasted megabyte stays out)."""
+    if isinstance(value, (dict, list, tuple, set)) and len(value) >= 20:
+        return f"a {type(value).__name__} of {len(value)} items"
+    try:
+        text = repr(value)
+    except ValueError:  # an integer past Python's digit limit
+        text = f"a {type(value).__name__}"
+    return _cut(text, limit)
+
+
+def _cut(text: str, limit: int = 40) -> str:
+    text = str(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
 
@@ -531,11 +547,11 @@ def _coerce(value: Any, typ: Any, path: str, errors: list) -> Any:
             return value
         if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
             return value.lower() in _TRUE
-        errors.append((path, f"expected true or false, got {value!r}."))
+        errors.append((path, f"expected true or false, got {_show(value)}."))
         return None
     if typ is int:
         if isinstance(value, bool):
-            errors.append((path, f"expected a whole number, got {value!r}."))
+            errors.append((path, f"expected a whole number, got {_show(value)}."))
             return None
         if isinstance(value, int):
             return value
@@ -546,11 +562,11 @@ def _coerce(value: Any, typ: Any, path: str, errors: list) -> Any:
                 return int(value.strip())
             except ValueError:
                 pass
-        errors.append((path, f"expected a whole number, got {value!r}."))
+        errors.append((path, f"expected a whole number, got {_show(value)}."))
         return None
     if typ is float:
         if isinstance(value, bool):
-            errors.append((path, f"expected a number, got {value!r}."))
+            errors.append((path, f"expected a number, got {_show(value)}."))
             return None
         if isinstance(value, (int, float)):
             return float(value)
@@ -559,7 +575,7 @@ def _coerce(value: Any, typ: Any, path: str, errors: list) -> Any:
                 return float(value.strip())
             except ValueError:
                 pass
-        errors.append((path, f"expected a number, got {value!r}."))
+        errors.append((path, f"expected a number, got {_show(value)}."))
         return None
     if typ is str:
         if isinstance(value, str):
@@ -568,19 +584,19 @@ def _coerce(value: Any, typ: Any, path: str, errors: list) -> Any:
             return ""
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
-        errors.append((path, f"expected text, got {value!r}."))
+        errors.append((path, f"expected text, got {_show(value)}."))
         return None
     if typ is list:
         if isinstance(value, str):
             return [v.strip() for v in value.split(",") if v.strip()]
         if isinstance(value, (list, tuple)):
             return list(value)
-        errors.append((path, f"expected a list, got {value!r}."))
+        errors.append((path, f"expected a list, got {_show(value)}."))
         return None
     if typ is dict:
         if isinstance(value, dict):
             return dict(value)
-        errors.append((path, f"expected a mapping of key: value, got {value!r}."))
+        errors.append((path, f"expected a mapping of key: value, got {_show(value)}."))
         return None
     return value
 
@@ -598,7 +614,7 @@ def _build_section(cls, data: Any, path: str, errors: list):
         key = str(key)
         if key not in fmap:
             errors.append(
-                (f"{path}.{key}", "unknown setting." + _suggest(key, [f.name for f in dataclasses.fields(cls)]))
+                (f"{path}.{_cut(key)}", "unknown setting." + _suggest(key, [f.name for f in dataclasses.fields(cls)]))
             )
             continue
         f = fmap[key]
@@ -620,7 +636,7 @@ def config_from_dict(data: dict) -> Config:
     for key, value in data.items():
         key = str(key)
         if key not in top:
-            errors.append((key, "unknown section." + _suggest(key, top)))
+            errors.append((_cut(key), "unknown section." + _suggest(key, top)))
         elif key in _SECTIONS:
             setattr(cfg, key, _build_section(_SECTIONS[key], value, key, errors))
         elif key == "stages":
@@ -640,41 +656,55 @@ def config_from_dict(data: dict) -> Config:
 def parse_override(text: str) -> tuple[list[str], Any]:
     """'grpo.num_generations=4' -> (['grpo', 'num_generations'], 4); 'stages[1].steps=5' also works."""
     if "=" not in text:
-        raise ConfigError([(text, "an override must look like section.key=value, e.g. grpo.num_generations=4.")])
+        raise ConfigError([(_cut(text), "an override must look like section.key=value, e.g. grpo.num_generations=4.")])
     key, raw = text.split("=", 1)
     parts = []
     for part in key.strip().split("."):
-        m = re.fullmatch(r"([A-Za-z_]\w*)(?:\[(\d+)\])?", part)
+        m = re.fullmatch(r"([A-Za-z_]\w*)(?:\[(\d{1,6})\])?", part)
         if not m:
-            raise ConfigError([(key, "keys are names separated by dots, e.g. ewc.lam or stages[0].steps.")])
+            raise ConfigError([(_cut(key), "keys are names separated by dots, e.g. ewc.lam or stages[0].steps.")])
         parts.append(m.group(1))
         if m.group(2) is not None:
             parts.append(int(m.group(2)))
-    return parts, yaml.safe_load(raw) if raw.strip() else ""
+    return parts, yaml_value(raw, _cut(key)) if raw.strip() else ""
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
     data = copy.deepcopy(data or {})
+    if not isinstance(data, dict):
+        raise ConfigError([("config", "the file must contain a mapping of sections (model:, stages:, ...).")])
     for text in overrides or []:
         parts, value = parse_override(text)
         node = data
         for i, p in enumerate(parts[:-1]):
             nxt = parts[i + 1]
+            where = _override_path(parts[: i + 1])
             if isinstance(p, int):
                 if not isinstance(node, list) or p >= len(node):
-                    raise ConfigError([(text, f"there is no stage {p} (stages are numbered from 0).")])
+                    raise ConfigError([(_cut(text), f"there is no stage {p} (stages are numbered from 0).")])
                 node = node[p]
             else:
+                if not isinstance(node, dict):
+                    raise ConfigError([(_cut(text), f"'{_override_path(parts[:i])}' is a value, not a section.")])
                 if p not in node or node[p] is None:
                     node[p] = [] if isinstance(nxt, int) else {}
                 node = node[p]
+            if isinstance(nxt, int) and not isinstance(node, list):
+                raise ConfigError([(_cut(text), f"'{where}' is not a list; only stages[K] takes an index.")])
+            if not isinstance(nxt, int) and not isinstance(node, dict):
+                what = "a list: pick one with [K]" if isinstance(node, list) else f"a value ({_show(node)}), not a section"
+                raise ConfigError([(_cut(text), f"'{where}' is {what}; there is no '{nxt}' under it.")])
         last = parts[-1]
         if isinstance(last, int):
-            raise ConfigError([(text, "set a field of the stage, e.g. stages[0].steps=5.")])
+            raise ConfigError([(_cut(text), "set a field of the stage, e.g. stages[0].steps=5.")])
         if not isinstance(node, dict):
-            raise ConfigError([(text, "that key does not name a setting.")])
+            raise ConfigError([(_cut(text), "that key does not name a setting.")])
         node[last] = value
     return data
+
+
+def _override_path(parts: list) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts).lstrip(".")
 
 
 def preset_path(name_or_path: str) -> Path:
@@ -692,21 +722,109 @@ def list_presets() -> list[str]:
     return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
 
 
-def load_yaml_text(text: str, where: str = "config") -> dict:
+# ---- YAML with limits ----------------------------------------------------------------------------
+# Configs are small (a preset is ~3 KB) and never need anchors and aliases, so a file over MAX_CONFIG_BYTES,
+# an alias (the "billion laughs" that made `validate` grow past 1.6 GB) and flow collections nested deeper
+# than MAX_YAML_DEPTH (libyaml's time grows with the square of that depth) are refused before building
+# anything; tags outside YAML's safe set are refused by the safe loader.
+MAX_CONFIG_BYTES = 256 * 1024
+MAX_YAML_DEPTH = 32
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _flow_depth(text: str) -> int:
+    """The deepest nesting of [ ] and { } in the text: an upper bound of YAML's flow depth. Quotes and comments
+    are not skipped on purpose (a quote or '#' inside a flow collection could otherwise hide the brackets)."""
+    depth = deepest = 0
+    for m in _BRACKETS_RE.finditer(text):
+        if m.group() in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth = max(0, depth - 1)
+    return deepest
+
+
+_BRACKETS_RE = re.compile(r"[\[\]{}]")
+
+
+def _refuse_aliases(node, where: str) -> None:
+    """An alias makes two places share one node: any node reached twice means the text used one."""
+    seen: set[int] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            msg = "YAML anchors and aliases (&name / *name) are not allowed in a config; write the values out."
+            raise ConfigError([(where, msg)])
+        seen.add(id(n))
+        if isinstance(n, yaml.SequenceNode):
+            stack.extend(n.value)
+        elif isinstance(n, yaml.MappingNode):
+            for k, v in n.value:
+                stack.extend((k, v))
+
+
+def _too_big(where: str, size: int) -> ConfigError:
+    limit = MAX_CONFIG_BYTES // 1024
+    return ConfigError([(where, f"{size / 1024:,.0f} KB is over the {limit} KB limit for a config (a preset is a few KB).")])
+
+
+def yaml_value(text: str, where: str = "config"):
+    """The value of a YAML text, within the limits above; ConfigError (with the line when known) otherwise."""
+    if len(text) > MAX_CONFIG_BYTES:
+        raise _too_big(where, len(text))
+    if _flow_depth(text) > MAX_YAML_DEPTH:
+        raise ConfigError([(where, f"brackets are nested more than {MAX_YAML_DEPTH} deep; a config never needs that.")])
+    loader = _YAML_LOADER(text)
     try:
-        data = yaml.safe_load(text)
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _refuse_aliases(node, where)
+        return loader.construct_document(node)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise ConfigError([(where, f"not valid YAML{at}: {getattr(e, 'problem', e)}.")]) from None
-    return data or {}
+        what = "a YAML tag that is not allowed (plain values only)" if "tag" in str(e) else "not valid YAML"
+        raise ConfigError([(where, f"{what}{at}: {_cut(getattr(e, 'problem', None) or e, 200)}.")]) from None
+    except ConfigError:
+        raise
+    except (ValueError, TypeError, RecursionError) as e:  # e.g. an integer of more than 4300 digits
+        raise ConfigError([(where, f"a value cannot be read: {_cut(e, 200)}.")]) from None
+    finally:
+        loader.dispose()
+
+
+def load_yaml_text(text: str, where: str = "config") -> dict:
+    return yaml_value(text, where) or {}
+
+
+def read_yaml_file(path: Path, where: str | None = None) -> dict:
+    """A YAML file's value; a folder, a file over the size limit, unreadable bytes or bad YAML -> ConfigError."""
+    path = Path(path)
+    where = where or str(path)
+    try:
+        size = path.stat().st_size
+        if path.is_dir():
+            raise ConfigError([(where, "is a folder, not a YAML file.")])
+        if size > MAX_CONFIG_BYTES:
+            raise _too_big(where, size)
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError([(where, f"cannot be read ({e.strerror or e}).")]) from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ConfigError([(where, f"is not UTF-8 text (byte {e.start}); save it as UTF-8.")]) from None
+    return load_yaml_text(text, where)
 
 
 def load_config(name_or_path: str | None = None, overrides: list[str] | None = None, validate: bool = True) -> Config:
     data: dict = {}
     if name_or_path:
         path = preset_path(name_or_path)
-        data = load_yaml_text(path.read_text(encoding="utf-8"), str(path))
+        data = read_yaml_file(path)
     data = apply_overrides(data, overrides or [])
     cfg = config_from_dict(data)
     if name_or_path and cfg.preset == "custom":

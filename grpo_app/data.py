@@ -12,12 +12,14 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import random
 import socket
 import threading
 import time
 from dataclasses import asdict, dataclass
+from decimal import Decimal
 from pathlib import Path
 
 from .answers import extract_final_answer, normalize_number
@@ -244,8 +246,8 @@ def parse_custom_dataset(raw: bytes, filename: str) -> list[Problem]:
                 continue
             try:
                 obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                problems_found.append(f"line {i}: not valid JSON ({e.msg})")
+            except ValueError as e:  # JSONDecodeError, or an integer of more than 4300 digits
+                problems_found.append(f"line {i}: not valid JSON ({getattr(e, 'msg', 'a number too long')})")
                 continue
             if not isinstance(obj, dict):
                 problems_found.append(f"line {i}: expected an object with question and answer")
@@ -255,8 +257,11 @@ def parse_custom_dataset(raw: bytes, filename: str) -> list[Problem]:
         reader = csv.DictReader(io.StringIO(text))
         if not reader.fieldnames or not {"question", "answer"} <= {f.strip().lower() for f in reader.fieldnames}:
             raise DataError(f"{filename}: the CSV header must include 'question' and 'answer' columns.")
-        for i, rec in enumerate(reader, 2):
-            rows.append((i, {k.strip().lower(): v for k, v in rec.items() if k}))
+        try:
+            for i, rec in enumerate(reader, 2):
+                rows.append((i, {k.strip().lower(): v for k, v in rec.items() if k}))
+        except csv.Error as e:  # a field over csv's size limit, a NUL byte, ...
+            raise DataError(f"{filename}: row {reader.line_num}: not readable as CSV ({e}).") from None
     else:
         raise DataError(f"{filename}: use a .jsonl or .csv file.")
     if len(rows) > MAX_UPLOAD_ROWS:
@@ -275,8 +280,8 @@ def parse_custom_dataset(raw: bytes, filename: str) -> list[Problem]:
         if a is None or (isinstance(a, str) and not a.strip()):
             problems_found.append(f"{where}: missing 'answer'")
             continue
-        a_text = str(a)
-        gold = extract_final_answer(a_text) if "####" in a_text else normalize_number(a_text)
+        a_text = _answer_text(a)
+        gold = normalize_number(_final_line(a_text) if "####" in a_text else a_text)
         if gold is None:
             problems_found.append(f"{where}: answer {a_text[:40]!r} is not a number (or a solution ending '#### n')")
             continue
@@ -298,6 +303,18 @@ def parse_custom_dataset(raw: bytes, filename: str) -> list[Problem]:
     if not out:
         raise DataError(f"{filename}: no rows found.")
     return out
+
+
+def _answer_text(a) -> str:
+    """An uploaded answer as text; a JSON number keeps its value (1e20 -> '100000000000000000000')."""
+    if isinstance(a, float) and math.isfinite(a):
+        return format(Decimal(repr(a)), "f") if abs(a) < 1e40 else repr(a)
+    return str(a)
+
+
+def _final_line(solution: str) -> str:
+    """What follows the last '####' on its line: the whole of it must be the number ('#### 1e9' is not 1)."""
+    return solution.rsplit("####", 1)[1].split("\n", 1)[0]
 
 
 def load_custom(path: str) -> list[Problem]:

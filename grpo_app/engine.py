@@ -479,6 +479,7 @@ def train(cfg: Config, run: RunDir, reporter=None, resume: bool = False) -> str:
             step=ck["global_step"],
             checkpoint=Path(ck["path"]).name,
             dropped_metric_lines=dropped,
+            **({"skipped": [f"{n}: {why}" for n, why in skipped]} if (skipped := run.damaged_checkpoints()) else {}),
         )
         if done:
             load_checkpoint_weights(job.model, Path(ck["path"]))

@@ -54,15 +54,17 @@ def zip_trained_model(run: RunDir) -> Path:
     """`<run_id>-model.zip` holding run/final (from_pretrained-loadable). Stored, not deflated:
     safetensors barely compress and zipping 500 MB should not take minutes."""
     final = run.final_dir
-    if not (final / "config.json").is_file():
+    if not run.has_final_model():
         raise FileNotFoundError(f"run '{run.id}' has no trained model yet (it finishes with one).")
     out = _fresh_folder() / f"{run.id}-model.zip"
     tmp = out.with_suffix(".part")
+    real_final = final.resolve()
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
         for f in sorted(final.rglob("*")):
-            if f.is_file():
+            # only the run's own files: a symlink (to a file elsewhere on the server) is left out
+            if f.is_file() and not f.is_symlink() and real_final in f.resolve().parents:
                 zf.write(f, arcname=f"{run.id}/{f.relative_to(final)}")
-        if run.config_path.is_file():
+        if run.config_path.is_file() and not run.config_path.is_symlink():
             zf.write(run.config_path, arcname=f"{run.id}/training_config.yaml")
     os.replace(tmp, out)
     return out

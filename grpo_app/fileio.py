@@ -74,22 +74,25 @@ def clean_json(obj):
     return obj
 
 
-def read_jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path, skipped: list[int] | None = None) -> list[dict]:
     """Every complete line that holds a JSON object; a torn last line (crash mid-write), a line that is not
-    an object and bytes that are not UTF-8 are skipped, so a damaged file never breaks a reader."""
+    an object and bytes that are not UTF-8 are skipped, so a damaged file never breaks a reader. The numbers
+    of skipped complete lines (damage, not a torn end) are appended to `skipped` when it is given."""
     out = []
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                line = line.strip()
+            for i, raw in enumerate(fh, 1):
+                line = raw.strip()
                 if not line:
                     continue
                 try:
                     rec = json.loads(line)
                 except ValueError:
-                    continue
+                    rec = None
                 if isinstance(rec, dict):
                     out.append(rec)
+                elif skipped is not None and raw.endswith("\n"):
+                    skipped.append(i)
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError):
         pass
     return out
@@ -107,6 +110,34 @@ def read_json_object(path: Path) -> dict | None:
     """Like `read_json`, but only a JSON object counts: anything else is None."""
     value = read_json(path)
     return value if isinstance(value, dict) else None
+
+
+def safetensors_header(path: Path) -> dict | None:
+    """The JSON header of a .safetensors file, or None when the file is not whole: unreadable, a header that
+    is not a JSON object, or shorter than the tensors its header lists (a truncated copy or a crash)."""
+    try:
+        size = Path(path).stat().st_size
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                return None
+            n = int.from_bytes(head, "little")
+            if n <= 0 or n > min(size - 8, 100 * 2**20):
+                return None
+            header = json.loads(fh.read(n))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(header, dict):
+        return None
+    end = 0
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = meta.get("data_offsets") if isinstance(meta, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+            return None
+        end = max(end, offsets[1])
+    return header if size >= 8 + n + end else None
 
 
 def publish_dir(folder: Path, target: Path) -> Path:

@@ -19,8 +19,8 @@ from pathlib import Path
 import psutil
 
 from .config import Config
-from .fileio import append_jsonl, atomic_write_json, read_json
-from .runs import ACTIVE, RunDir, list_runs, runs_root, validate_run_id
+from .fileio import append_jsonl, atomic_write_json
+from .runs import ACTIVE, RunDir, list_runs, resolve_run, runs_root
 
 
 # ------------------------------------------------------------------------------------------------
@@ -213,12 +213,12 @@ class RunManager:
             return run
 
     def resume(self, run_id: str, before_launch=None) -> RunDir:
-        run_id = validate_run_id(run_id)
-        run = RunDir(self.root / run_id)
-        if not run.config_path.is_file():
-            raise ValueError(f"no run '{run_id}' under {self.root}.")
+        run = self.get(run_id)
+        run_id = run.id
         with self._lock:
             status = run.effective_status()
+            if status == "damaged":
+                raise ValueError(f"run '{run_id}' is damaged ({run.damage()}); it cannot be resumed.")
             if status == "completed":
                 raise ValueError(f"run '{run_id}' already completed; start a new run instead.")
             if run.latest_checkpoint() is None:
@@ -247,7 +247,7 @@ class RunManager:
             metrics=run.metrics() if resume else [],
             events=run.events() if resume else [],
             memory=run.memory() if resume else [],
-            step=read_json(run.step_path) if resume else None,
+            step=run.latest_step() if resume else None,
         )
         run.write_status(
             status="running",
@@ -322,11 +322,8 @@ class RunManager:
         return list_runs(self.root)
 
     def get(self, run_id: str) -> RunDir:
-        run_id = validate_run_id(run_id)
-        run = RunDir(self.root / run_id)
-        if not run.config_path.is_file():
-            raise ValueError(f"no run '{run_id}'.")
-        return run
+        """The run `run_id` of this manager's folder (`runs.resolve_run`: symlinked folders are refused)."""
+        return resolve_run(self.root, run_id)
 
     def delete(self, run_id: str) -> None:
         run = self.get(run_id)

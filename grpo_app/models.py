@@ -120,7 +120,9 @@ def resolve_model(name: str, restrict_paths: bool = False) -> ModelSpec:
         if not rp.is_dir():
             raise ModelError(f"folder '{name}' does not exist.")
         if (rp / "final").is_dir() and not (rp / "config.json").is_file():
-            rp = rp / "final"  # a run folder: use its trained model
+            rp = (rp / "final").resolve()  # a run folder: use its trained model
+            if restrict_paths and not any(rp == r or r in rp.parents for r in allowed_model_roots()):
+                raise ModelError(f"'{name}' is outside the model folders this app may read ({models_root()}).")
         if not (rp / "config.json").is_file():
             raise ModelError(f"folder '{name}' has no config.json; it does not hold a saved model.")
         return ModelSpec("local", str(rp), str(rp))

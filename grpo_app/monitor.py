@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from .fileio import read_json, read_jsonl
+from .config import ConfigError
 from .manager import RunManager
 from .runs import ACTIVE, RunDir
 
@@ -28,6 +28,7 @@ STATE_WORDS = {
     "completed": "completed",
     "failed": "failed",
     "interrupted": "interrupted (resumable)",
+    "damaged": "damaged (see the Runs tab)",
 }
 
 _PLAN_CACHE: dict[str, tuple] = {}
@@ -73,7 +74,7 @@ def plan(run: RunDir) -> tuple[list[dict], int, dict]:
     try:
         cfg = run.config()
         value = ([{"name": s.name, "steps": s.steps} for s in cfg.stages], cfg.total_steps, dict(cfg.rewards.weights))
-    except Exception:
+    except ConfigError:  # a damaged config.yaml: the run is shown without its plan (its state says 'damaged')
         value = ([], 0, {})
     with _LOCK:
         _PLAN_CACHE[key] = (sig, value)
@@ -118,15 +119,17 @@ def disk_view(run: RunDir) -> dict:
         hit = _DISK_CACHE.get(key)
     if hit is None or hit["sigs"] != sigs or hit["view"]["state"] != state:
         status = run.read_status()
+        if state == "damaged":
+            status = {**status, "error": run.damage()}
         stages, total, _ = plan(run)
         view = {
             "run_id": run.id,
             "state": state,
             "status": status,
-            "metrics": read_jsonl(run.metrics_path),
-            "events": read_jsonl(run.events_path),
+            "metrics": run.metrics(),
+            "events": run.events(),
             "memory": [],
-            "latest_step": read_json(run.step_path),
+            "latest_step": run.latest_step(),
             "stages": stages,
             "total_steps": total or status.get("total_steps") or 0,
             "started": status.get("started"),
@@ -137,7 +140,7 @@ def disk_view(run: RunDir) -> dict:
         }
         hit = {"sigs": sigs, "view": view, "mem_sig": None}
     if hit["mem_sig"] != mem_sig:
-        hit["view"]["memory"] = read_jsonl(run.memory_path)
+        hit["view"]["memory"] = run.memory()
         hit["view"]["mem_version"] = (run.id, "disk", mem_sig)
         hit["mem_sig"] = mem_sig
     with _LOCK:

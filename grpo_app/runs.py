@@ -20,16 +20,27 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import re
 import shutil
 import time
+import zipfile
 from pathlib import Path
 
 import psutil
 
-from .config import PROJECT_ROOT, Config, config_from_dict, load_yaml_text
-from .fileio import append_jsonl, atomic_write_json, atomic_write_text, clean_json, read_json_object, read_jsonl
+from .config import PROJECT_ROOT, Config, ConfigError, config_from_dict, read_yaml_file
+from .fileio import (
+    append_jsonl,
+    atomic_write_json,
+    atomic_write_text,
+    clean_json,
+    read_json,
+    read_json_object,
+    read_jsonl,
+    safetensors_header,
+)
 
 ACTIVE = ("running", "stopping")
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,100}$")
@@ -82,11 +93,41 @@ class RunDir:
         return rd
 
     def config(self) -> Config:
-        return config_from_dict(load_yaml_text(self.config_path.read_text(encoding="utf-8"), str(self.config_path)))
+        return config_from_dict(read_yaml_file(self.config_path, "config.yaml"))
 
     # status
     def read_status(self) -> dict:
-        return read_json_object(self.status_path) or {}
+        """status.json's fields; a field of the wrong type (a damaged or hand-edited file) is left out."""
+        return _typed(read_json_object(self.status_path) or {}, STATUS_FIELDS)
+
+    def damage(self) -> str | None:
+        """Why this run cannot be read as a run (its config or its status), or None. Cheap: the config is
+        parsed again only when config.yaml changed."""
+        problem = self._config_problem()
+        if problem is None and self.status_path.exists():
+            raw = read_json(self.status_path, _UNREADABLE)
+            if not isinstance(raw, dict):
+                problem = "status.json is not a JSON object" + (" (or not UTF-8 text)" if raw is _UNREADABLE else "")
+            elif bad := [k for k in STATUS_FIELDS if k in raw and k not in _typed(raw, STATUS_FIELDS)]:
+                problem = f"status.json: {', '.join(bad[:3])} of the wrong type"
+        return problem
+
+    def _config_problem(self) -> str | None:
+        try:
+            st = self.config_path.stat()
+        except OSError:
+            return "config.yaml is missing"
+        key = (str(self.config_path), st.st_mtime_ns, st.st_size)
+        if key not in _CONFIG_PROBLEMS:
+            try:
+                self.config()
+                problem = None
+            except ConfigError as e:
+                problem = "config.yaml: " + "; ".join(f"{w}: {m}" for w, m in e.errors[:2])[:300]
+            if len(_CONFIG_PROBLEMS) > 256:
+                _CONFIG_PROBLEMS.clear()
+            _CONFIG_PROBLEMS[key] = problem
+        return _CONFIG_PROBLEMS[key]
 
     def write_status(self, **fields) -> dict:
         st = self.read_status()
@@ -96,7 +137,10 @@ class RunDir:
         return st
 
     def effective_status(self) -> str:
-        """The stored status, except a 'running' run whose process is gone is 'interrupted'."""
+        """The stored status, except a 'running' run whose process is gone is 'interrupted', and a run whose
+        config or status cannot be read is 'damaged' (`damage()` says why)."""
+        if self.damage() is not None:
+            return "damaged"
         st = self.read_status()
         status = st.get("status", "unknown")
         if status in ACTIVE + ("created",) and not _process_alive(st.get("pid"), st.get("pid_started")):
@@ -112,14 +156,20 @@ class RunDir:
         append_jsonl(self.events_path, ev)
         return ev
 
-    def metrics(self) -> list[dict]:
-        return read_jsonl(self.metrics_path)
+    def metrics(self, skipped: list | None = None) -> list[dict]:
+        """The logged steps; a line that is not a JSON object or whose fields have the wrong types is left out
+        (and counted in `skipped`)."""
+        return _records(self.metrics_path, METRIC_FIELDS, ("step",), skipped)
 
     def events(self) -> list[dict]:
-        return read_jsonl(self.events_path)
+        return _records(self.events_path, EVENT_FIELDS, ("event",))
 
     def memory(self) -> list[dict]:
-        return read_jsonl(self.memory_path)
+        return _records(self.memory_path, MEMORY_FIELDS, ("time", "rss_mb"))
+
+    def latest_step(self) -> dict | None:
+        """latest_step.json when it has the shape the step view draws, else None."""
+        return clean_step(read_json(self.step_path))
 
     def truncate_metrics_after(self, step: int) -> int:
         """Drop metric lines past `step` (they will be recomputed on resume); returns how many were dropped."""
@@ -129,7 +179,9 @@ class RunDir:
         return len(recs) - len(keep)
 
     def has_final_model(self) -> bool:
-        return (self.final_dir / "config.json").is_file()
+        """A trained model in final/: a real folder of this run (a symlink to elsewhere does not count)."""
+        final = self.final_dir
+        return not final.is_symlink() and final.resolve().parent == self.path.resolve() and (final / "config.json").is_file()
 
     # checkpoints
     def checkpoints(self) -> list[dict]:
@@ -139,35 +191,57 @@ class RunDir:
             return out
         for stage_dir in self.checkpoints_dir.glob("stage-*"):
             for ck in stage_dir.glob("checkpoint-*"):
-                state = read_json_object(ck / "engine_state.json")
-                if (ck / "COMPLETE").is_file() and state:
+                state = _typed(read_json_object(ck / "engine_state.json") or {}, _CHECKPOINT_FIELDS)
+                if (ck / "COMPLETE").is_file() and all(isinstance(state.get(k), int) for k in _CHECKPOINT_FIELDS):
                     out.append({**state, "path": str(ck)})
         out.sort(key=lambda s: (s["stage_index"], s["stage_step"]))
         return out
 
     def latest_checkpoint(self) -> dict | None:
-        cks = self.checkpoints()
-        return cks[-1] if cks else None
+        """The newest complete checkpoint that passes `checkpoint_problem` (a truncated or damaged newer one is
+        passed over, so Resume continues from the one before it)."""
+        for ck in reversed(self.checkpoints()):
+            if checkpoint_problem(Path(ck["path"])) is None:
+                return ck
+        return None
+
+    def damaged_checkpoints(self) -> list[tuple[str, str]]:
+        """(name, why) of complete checkpoints newer than `latest_checkpoint()` that would not load."""
+        out = []
+        for ck in reversed(self.checkpoints()):
+            problem = checkpoint_problem(Path(ck["path"]))
+            if problem is None:
+                break
+            out.append((Path(ck["path"]).name, problem))
+        return out
 
     def prune_checkpoints(self, keep: int) -> None:
-        for ck in self.checkpoints()[:-keep] if keep > 0 else []:
+        """Keep the newest `keep` checkpoints that load (a damaged one never counts as kept)."""
+        good = [ck for ck in self.checkpoints() if checkpoint_problem(Path(ck["path"])) is None]
+        for ck in good[:-keep] if keep > 0 else []:
             shutil.rmtree(ck["path"], ignore_errors=True)
 
     def summary(self) -> dict:
+        """One line about the run for lists; a damaged run is listed with status 'damaged' and the reason."""
         st = self.read_status()
-        metrics = self.metrics()
+        skipped: list[int] = []
+        metrics = self.metrics(skipped)
         last = metrics[-1] if metrics else {}
         try:
             cfg = self.config()
             preset, stages = cfg.preset, " → ".join(s.name for s in cfg.stages)
             model = cfg.model.name
-        except Exception:
+        except ConfigError:
             preset, stages, model = "?", "?", "?"
+        status = self.effective_status()
+        damage = self.damage()
+        if skipped:
+            damage = "; ".join(filter(None, [damage, f"metrics.jsonl: {len(skipped)} damaged lines skipped"]))
         started = st.get("started")
-        ended = st.get("ended") or (st.get("updated") if self.effective_status() != "running" else time.time())
+        ended = st.get("ended") or (st.get("updated") if status != "running" else time.time())
         return {
             "run_id": self.id,
-            "status": self.effective_status(),
+            "status": status,
             "preset": preset,
             "model": model,
             "stages": stages,
@@ -176,8 +250,136 @@ class RunDir:
             "duration_s": (ended - started) if started and ended else None,
             "started": started,
             "has_final": self.has_final_model(),
-            "error": st.get("error"),
+            "error": damage or st.get("error"),
+            "damage": damage,
         }
+
+
+# ------------------------------------------------------------------------------------------------
+# What readers may rely on in a record from disk. A file edited by hand, copied in part or damaged can hold
+# valid JSON of the wrong shape; a record whose known field has the wrong type is left out (a status field is
+# dropped), so no view meets text where it computes with a number. Unknown fields pass as they are.
+# ------------------------------------------------------------------------------------------------
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and abs(v) < 1e15
+
+
+def _whole(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and abs(v) < 1e15
+
+
+def _text(v) -> bool:
+    return isinstance(v, str)
+
+
+def _number_map(v) -> bool:
+    return isinstance(v, dict) and all(x is None or _number(x) for x in v.values())
+
+
+STATUS_FIELDS = {
+    **dict.fromkeys(("status", "phase", "error", "stage_name"), _text),
+    **dict.fromkeys(("started", "ended", "updated", "pid_started", "peak_rss_mb"), _number),
+    **dict.fromkeys(("total_steps", "stages", "pid", "stage", "step", "stage_step"), _whole),
+}
+METRIC_FIELDS = {
+    "step": _whole,
+    "stage": _whole,
+    "stage_step": _whole,
+    "stage_name": _text,
+    "rewards": _number_map,
+    **dict.fromkeys(
+        (
+            "time elapsed reward reward_std frac_zero_std loss kl ewc_penalty ewc_seconds entropy completion_length "
+            "truncated_ratio stopped_at_answer skipped_zero_adv grad_norm lr step_seconds gen_seconds tokens_per_s "
+            "gen_tokens_per_s completions_per_s rss_mb"
+        ).split(),
+        _number,
+    ),
+}
+EVENT_FIELDS = {
+    **dict.fromkeys(
+        "event name origin device precision model message traceback checkpoint source path".split(), _text
+    ),
+    **dict.fromkeys(
+        (
+            "time stage step steps stage_step samples problems parameters trainable threads n seconds "
+            "base_accuracy trained_accuracy p_value dropped_metric_lines"
+        ).split(),
+        _number,
+    ),
+}
+MEMORY_FIELDS = {"time": _number, "rss_mb": _number}
+_CHECKPOINT_FIELDS = {"stage_index": _whole, "stage_step": _whole, "global_step": _whole}
+_UNREADABLE = object()
+_CONFIG_PROBLEMS: dict[tuple, str | None] = {}
+
+
+def _typed(rec: dict, fields: dict) -> dict:
+    """`rec` without the known fields whose values have the wrong type (None is always allowed)."""
+    return {k: v for k, v in rec.items() if k not in fields or v is None or fields[k](v)}
+
+
+def _records(path: Path, fields: dict, required: tuple, skipped: list | None = None) -> list[dict]:
+    """The JSONL records of `path` that have every `required` field and no known field of the wrong type;
+    each line left out (not an object, not JSON, the wrong shape) is added to `skipped` when given."""
+    out = []
+    bad: list = [] if skipped is None else skipped
+    for rec in read_jsonl(path, bad):
+        if all(rec.get(k) is not None for k in required) and len(_typed(rec, fields)) == len(rec):
+            out.append(rec)
+        else:
+            bad.append(rec)
+    return out
+
+
+def clean_step(step) -> dict | None:
+    """A latest-step record when its groups have the shape the step view draws (texts, per-reward lists,
+    totals and advantages as long as the completions), else None."""
+    if not isinstance(step, dict) or not isinstance(step.get("groups"), list):
+        return None
+    if not all(step.get(k) is None or _whole(step[k]) for k in ("step", "stage", "stage_step")):
+        return None
+    if not (step.get("weights") is None or _number_map(step["weights"])):
+        return None
+    for g in step["groups"]:
+        if not isinstance(g, dict):
+            return None
+        comps = g.get("completions", [])
+        if not isinstance(comps, list) or not all(isinstance(c, str) for c in comps):
+            return None
+        n = len(comps)
+        lists = [g.get("totals", [] if n == 0 else None), g.get("advantages", [0.0] * n)]
+        rewards = g.get("rewards", {})
+        if not isinstance(rewards, dict):
+            return None
+        lists += list(rewards.values())
+        if not all(isinstance(v, list) and len(v) >= n and all(x is None or _number(x) for x in v) for v in lists):
+            return None
+        if not all(g.get(k) is None or _number(g[k]) for k in ("mean", "std")):
+            return None
+    return step
+
+
+def checkpoint_problem(folder: Path) -> str | None:
+    """Why a complete checkpoint would not load, from cheap checks (None if it looks whole): its weights
+    (each .safetensors file as long as its header says), its trainer state (a JSON object) and the torch
+    files of the optimizer, scheduler and RNG (zip archives whose directory, at their end, is readable)."""
+    folder = Path(folder)
+    weights = sorted(folder.glob("*.safetensors"))
+    if not weights:
+        return "no model weights (model.safetensors)"
+    for f in weights:
+        if safetensors_header(f) is None:
+            return f"{f.name} is truncated or damaged"
+    if read_json_object(folder / "trainer_state.json") is None:
+        return "trainer_state.json is missing or damaged"
+    for f in sorted([*folder.glob("*.pt"), *folder.glob("*.pth"), *folder.glob("*.bin")]):
+        try:
+            with zipfile.ZipFile(f):
+                pass
+        except (OSError, zipfile.BadZipFile):
+            return f"{f.name} is truncated or damaged"
+    return None
 
 
 def _process_alive(pid, started) -> bool:
@@ -193,15 +395,46 @@ def _process_alive(pid, started) -> bool:
 
 
 def validate_run_id(run_id: str) -> str:
-    run_id = (run_id or "").strip()
+    run_id = (run_id or "").strip() if isinstance(run_id, str) else ""
     if not RUN_ID_RE.match(run_id) or ".." in run_id:
-        raise ValueError(f"'{run_id}' is not a run id (letters, digits, '-' and '_').")
+        raise ValueError(f"'{run_id[:40]}' is not a run id (letters, digits, '-' and '_').")
     return run_id
 
 
+def _real_run_folder(root: Path, path: Path) -> bool:
+    """A real folder (not a symlink) directly under `root` (resolved), holding a config.yaml that is a file."""
+    try:
+        return (
+            not path.is_symlink()
+            and path.is_dir()
+            and path.resolve().parent == root
+            and not (path / "config.yaml").is_symlink()
+            and (path / "config.yaml").is_file()
+        )
+    except OSError:
+        return False
+
+
+def resolve_run(root: Path, run_id: str) -> RunDir:
+    """The run `run_id` under the runs folder `root`, or ValueError. The one rule for a run id from a page or
+    the command line: a valid id naming a real folder directly under the resolved root. A symlinked run folder
+    (or one that resolves elsewhere) is refused, so no file outside the runs folder is served or loaded."""
+    run_id = validate_run_id(run_id)
+    root = Path(root).resolve()
+    path = root / run_id
+    if not _real_run_folder(root, path):
+        raise ValueError(f"no run '{run_id}'.")
+    return RunDir(path)
+
+
 def list_runs(root: Path) -> list[RunDir]:
-    if not root.is_dir():
+    """The run folders under `root`, newest first; symlinked folders are left out (see `resolve_run`)."""
+    try:
+        root = Path(root).resolve()
+        if not root.is_dir():
+            return []
+        runs = [RunDir(p) for p in root.iterdir() if RUN_ID_RE.match(p.name) and _real_run_folder(root, p)]
+    except OSError:
         return []
-    runs = [RunDir(p) for p in root.iterdir() if p.is_dir() and (p / "config.yaml").is_file()]
     runs.sort(key=lambda r: r.id, reverse=True)
     return runs

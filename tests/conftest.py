@@ -77,3 +77,18 @@ def varied_reward(monkeypatch):
     from grpo_app.rewards import REWARD_FUNCS
 
     monkeypatch.setitem(REWARD_FUNCS, "text_length", text_length)
+
+
+def checkpoint_files(folder: Path) -> Path:
+    """The files that make a checkpoint folder loadable by `runs.checkpoint_problem`'s checks (tiny weights, a
+    trainer state, an optimizer state) for tests that build checkpoint folders by hand."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({"w": torch.zeros(64)}, str(folder / "model.safetensors"))
+    torch.save({"state": {}}, folder / "optimizer.pt")
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": 0}))
+    return folder

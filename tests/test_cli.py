@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from .conftest import ROOT
 
 
@@ -64,3 +66,53 @@ def test_commands_that_do_not_train_ignore_a_launcher_world_size(tmp_path):
     bad = cli("train", "--config", "tests/configs/tiny.yaml", "-s", "grpo.num_generations=1", env=env)
     assert bad.returncode == 2 and "grpo.num_generations" in bad.stderr and "Traceback" not in bad.stderr
     assert not any(tmp_path.iterdir())  # a bad config fails before any process group or run folder
+
+
+# ---- Bad input is one clear line and exit code 2 (run in-process) ----------------------------------------------
+def _one_line_error(capsys, argv) -> str:
+    from grpo_app.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1 and len(err) < 400, err
+    return err
+
+
+@pytest.mark.parametrize(
+    "make, argv, words",
+    [
+        (lambda d: (d / "c.yaml").write_bytes(b"\xff\xfe\x00"), ["validate", "--config", "{d}/c.yaml"], "not UTF-8"),
+        (lambda d: (d / "c.yaml").mkdir(), ["validate", "--config", "{d}/c.yaml"], "is a folder"),
+        (lambda d: (d / "c.yaml").write_text("a: &x 1\nb: *x\n"), ["train", "--config", "{d}/c.yaml"], "aliases"),
+        (None, ["validate", "--set", "grpo.learning_rate=[1"], "not valid YAML"),  # not YAML
+        (None, ["validate", "--set", "model.name=!!python/object/apply:os.system [ls]"], "tag"),  # a tag
+        (None, ["train", "--set", "model.name.x=1"], "'model.name' is a value"),  # a path through a scalar
+        (None, ["validate", "--set", "grpo.num_generations=" + "9" * 5000], "cannot be read"),
+        (lambda d: (d / "runs").write_text("x"), ["runs", "--runs-dir", "{d}/runs"], "is a file"),
+        (lambda d: (d / "runs").write_text("x"), ["resume", "r1", "--runs-dir", "{d}/runs"], "is a file"),
+    ],
+)
+def test_bad_input_is_one_clear_line(tmp_path, capsys, make, argv, words):
+    if make is not None:
+        make(tmp_path)
+    err = _one_line_error(capsys, [a.replace("{d}", str(tmp_path)) for a in argv])
+    assert words in err
+
+
+def test_train_into_a_runs_folder_that_is_a_file(tmp_path, capsys):
+    (tmp_path / "runs").write_text("x")
+    err = _one_line_error(capsys, ["train", "--config", "tests/configs/tiny.yaml", "--set", f"run.output_dir={tmp_path}/runs"])
+    assert "Cannot start" in err and "is a file" in err
+
+
+def test_train_while_another_process_trains_in_the_same_runs_folder(tmp_path, capsys, monkeypatch):
+    from grpo_app.manager import _TrainLock
+
+    monkeypatch.setenv("GRPO_APP_RUNS_DIR", str(tmp_path))
+    held = _TrainLock(tmp_path / ".train.lock")  # what the app's manager holds while it trains
+    assert held.acquire()
+    try:
+        err = _one_line_error(capsys, ["train", "--config", "tests/configs/tiny.yaml"])
+    finally:
+        held.release()
+    assert "in progress in another process" in err

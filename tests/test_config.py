@@ -1,6 +1,16 @@
+import re
+
 import pytest
 
-from grpo_app.config import Config, ConfigError, config_from_dict, list_presets, load_config, parse_override
+from grpo_app.config import (
+    Config,
+    ConfigError,
+    config_from_dict,
+    list_presets,
+    load_config,
+    load_yaml_text,
+    parse_override,
+)
 
 
 def errors_of(overrides, base="quick"):
@@ -128,3 +138,96 @@ def test_fit_micro_batch_resets_only_a_size_that_no_longer_divides():
     assert g.fit_micro_batch() is None and g.micro_batch_size == 4
     g.num_generations = 5  # 10 completions: 4 no longer divides them
     assert "does not divide" in g.fit_micro_batch() and g.micro_batch_size == 0
+
+
+# ---- YAML with limits ---------------------------------------------------------------------------------------
+def _billion_laughs(levels: int = 9) -> str:
+    lines = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for i in range(1, levels):
+        lines.append(f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_is_refused_at_once(tmp_path):
+    import time
+
+    p = tmp_path / "bomb.yaml"
+    p.write_text(_billion_laughs())  # 9**9 = 387 million strings once expanded
+    t = time.perf_counter()
+    with pytest.raises(ConfigError, match="aliases .* are not allowed"):
+        load_config(str(p))
+    assert time.perf_counter() - t < 2.0
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("a: &x 1\nb: *x\n", "aliases"),  # one harmless alias: configs never need them, so none is taken
+        ("base: &b {steps: 2}\nstages: [{<<: *b, name: s}]\n", "aliases"),  # a merge key is an alias too
+        ("a: &x [*x]\n", "aliases"),  # a recursive alias
+        ("a: " + "[" * 40 + "]" * 40 + "\n", "nested more than"),  # libyaml's time grows with the square of this
+        ("a: !!python/object/apply:os.system [ls]\n", "tag that is not allowed"),  # code, refused by the safe loader
+        ("a: !custom 1\n", "tag that is not allowed"),
+        ("a: " + "9" * 5000 + "\n", "cannot be read"),  # past Python's 4300-digit integer limit
+        ("{[1]: 2}\n", "not valid YAML|cannot be read"),  # an unhashable key
+    ],
+)
+def test_yaml_that_is_refused(text, words):
+    with pytest.raises(ConfigError) as ei:
+        load_yaml_text(text, "f.yaml")
+    assert re.search(words, str(ei.value)) and len(str(ei.value)) < 400
+
+
+def test_an_oversize_config_is_refused_before_it_is_read(tmp_path):
+    import time
+
+    p = tmp_path / "big.yaml"
+    p.write_text("model:\n  name: embedded\n" + "# padding\n" * 30_000)  # ~300 KB
+    t = time.perf_counter()
+    with pytest.raises(ConfigError, match="KB limit"):
+        load_config(str(p))
+    with pytest.raises(ConfigError, match="KB limit"):
+        load_yaml_text(p.read_text())
+    assert time.perf_counter() - t < 1.0
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        (b"\xff\xfe\x00grpo: 1", "not UTF-8"),  # bytes that are not text
+        (None, "is a folder"),  # a directory named like a config
+    ],
+)
+def test_unreadable_config_files(tmp_path, content, words):
+    p = tmp_path / "c.yaml"
+    if content is None:
+        p.mkdir()
+    else:
+        p.write_bytes(content)
+    with pytest.raises(ConfigError, match=words):
+        load_config(str(p))
+
+
+def test_a_long_value_is_cut_in_its_error_message():
+    with pytest.raises(ConfigError) as ei:
+        load_config("quick", ["grpo.num_generations=" + "x" * 100_000])
+    assert "xxx..." in str(ei.value) and len(str(ei.value)) < 300
+    with pytest.raises(ConfigError) as ei:
+        load_config("quick", ["grpo." + "k" * 100_000 + "=1"])
+    assert len(str(ei.value)) < 600
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("model.name.x=1", "'model.name' is a value"),  # a path that goes through a scalar
+        ("stages[0].steps.a=1", "'stages\\[0\\].steps' is a value"),
+        ("stages.x=1", "'stages' is a list"),
+        ("model[0].name=x", "'model' is not a list"),
+        ("grpo.learning_rate=[1", "not valid YAML"),  # not YAML
+        ("model.name=!!python/name:os.system", "tag that is not allowed"),  # a tag
+    ],
+)
+def test_overrides_that_cannot_apply(override, words):
+    with pytest.raises(ConfigError, match=words):
+        load_config("quick", [override])

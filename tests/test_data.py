@@ -135,3 +135,81 @@ def test_arithmetic_negation_is_off_by_default_and_can_be_asked_for():
     negated = make_arithmetic(200, seed=1, min_ops=1, max_ops=2, max_digits=2, operators="+-", negation=True)
     assert any(operands(p.question) for p in negated)
     assert all(p.answer == p.solution.split("#### ")[-1] for p in plain + negated)
+
+
+# ---- Untrusted numbers (Try's expected answer, uploaded answers): bounded, refused with the row -------------------
+HOSTILE_NUMBERS = [
+    "1e999999999",  # a huge exponent: Decimal -> Fraction would build a billion-digit integer
+    "1e5",  # any exponent (people do not write answers that way)
+    "-2E-3",
+    "inf",  # not finite
+    "-Infinity",
+    "NaN",
+    "9" * 10_000,  # ten thousand digits
+    "1" + "0" * 40,  # one digit over MAX_NUMBER_DIGITS
+    "0x1F",  # hexadecimal
+    "1_000",  # Python's digit separator
+    "٣",  # a digit of another script (Decimal would read it)
+    "1/" + "9" * 5000,  # a fraction with a huge denominator
+    "",  # nothing
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE_NUMBERS)
+def test_hostile_numbers_are_refused_at_once(text):
+    import time
+
+    t = time.perf_counter()
+    assert normalize_number(text) is None
+    assert time.perf_counter() - t < 0.2  # (the huge-exponent case took over a minute before the bound)
+
+
+@pytest.mark.parametrize(
+    "answer, gold",
+    [
+        ('"42"', "42"),  # text
+        ("42", "42"),  # a JSON number
+        ("2.5", "2.5"),
+        ("1e20", "100000000000000000000"),  # a JSON number written with an exponent keeps its value
+        ('"#### 1,200"', "1200"),  # a solution's final line
+        ('"3 + 4 = 7\\n#### 7"', "7"),
+    ],
+)
+def test_uploaded_answers_that_are_numbers(answer, gold):
+    raw = f'{{"question": "q?", "answer": {answer}}}\n'.encode()
+    assert parse_custom_dataset(raw, "d.jsonl")[0].answer == gold
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        '"1e999999999"',  # a huge exponent
+        "1e999",  # a JSON number that is infinite
+        "NaN",  # JSON's NaN extension
+        '"Infinity"',
+        '"inf"',
+        '"' + "9" * 10_000 + '"',  # ten thousand digits as text
+        "1" + "0" * 5000,  # a JSON integer past Python's 4300-digit conversion limit
+        '"#### 1e999999999"',  # a solution whose final line is not a plain number (it is not 1)
+        "true",  # a JSON boolean
+        "[1]",  # a list
+    ],
+)
+def test_uploaded_answers_that_are_not_numbers_name_their_row(answer):
+    import time
+
+    raw = f'{{"question": "ok?", "answer": "3"}}\n{{"question": "q?", "answer": {answer}}}\n'.encode()
+    t = time.perf_counter()
+    with pytest.raises(DataError, match="line 2: .*not .*(number|JSON)"):
+        parse_custom_dataset(raw, "d.jsonl")
+    assert time.perf_counter() - t < 0.5
+    csv_value = answer.strip('"')
+    if len(csv_value) < 1000:  # (csv's own field limit is tested below)
+        with pytest.raises(DataError, match="row 3: answer .* is not a number"):
+            parse_custom_dataset(f"question,answer\nok?,3\nq?,{csv_value}\n".encode(), "d.csv")
+
+
+def test_csv_that_the_csv_module_refuses_is_a_clear_error():
+    big = b"question,answer\nq?," + b"9" * 200_000 + b"\n"  # over csv's field size limit
+    with pytest.raises(DataError, match="row .*not readable as CSV"):
+        parse_custom_dataset(big, "d.csv")

@@ -139,6 +139,7 @@ def test_model_names(tmp_path, roots):
     final = runs / "r1" / "final"
     final.mkdir(parents=True)
     (final / "config.json").write_text("{}")
+    (runs / "r1" / "config.yaml").write_text("")  # (every run folder has its config)
     (runs / "r2").mkdir()
     (runs / "r2" / "config.yaml").write_text("")
     assert check_model_name("embedded", roots, runs) == ("embedded", None)

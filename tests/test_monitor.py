@@ -13,6 +13,8 @@ from grpo_app.fileio import append_jsonl, atomic_write_json
 from grpo_app.manager import RunStore
 from grpo_app.runs import RunDir
 
+from .conftest import checkpoint_files
+
 
 def make_run(root, name="r", steps=(3, 2), status="completed", n_metrics=0, checkpoint=None, **status_fields):
     cfg = load_config(
@@ -33,7 +35,7 @@ def make_run(root, name="r", steps=(3, 2), status="completed", n_metrics=0, chec
         )
     if checkpoint is not None:
         ck = run.checkpoints_dir / "stage-0" / f"checkpoint-{checkpoint}"
-        ck.mkdir(parents=True)
+        checkpoint_files(ck)
         (ck / "COMPLETE").write_text("")
         atomic_write_json(
             ck / "engine_state.json", {"stage_index": 0, "stage_step": checkpoint, "global_step": checkpoint}

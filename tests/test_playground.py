@@ -22,7 +22,20 @@ def test_check_question(question, problem):
 
 @pytest.mark.parametrize(
     "gold,ok",
-    [("", True), (None, True), ("42", True), ("$1,200", True), ("3/4", True), ("forty", False), ("4 apples", False)],
+    [
+        ("", True),  # empty: no expected answer
+        (None, True),
+        ("42", True),
+        ("$1,200", True),  # dollars, thousands separator
+        ("3/4", True),  # a fraction
+        ("forty", False),  # words
+        ("4 apples", False),
+        ("1e999999999", False),  # a huge exponent (built a billion-digit integer before)
+        ("inf", False),  # not finite
+        ("Infinity", False),
+        ("NaN", False),
+        ("9" * 10_000, False),  # ten thousand digits
+    ],
 )
 def test_check_gold(gold, ok):
     assert (check_gold(gold) is None) == ok
@@ -99,3 +112,13 @@ def test_stream_answers_reports_a_failing_model():
 
     last = list(stream_answers({"base": (None, Broken(), None)}, "q", "", max_new_tokens=4))[-1]
     assert last["base"]["done"] and "no chat template" in last["base"]["error"]
+
+
+def test_a_hostile_expected_answer_returns_at_once():
+    import time
+
+    t = time.perf_counter()
+    for gold in ("1e999999999", "-1E+999999999", "9" * 10_000 + "/7", "Infinity"):
+        assert "not a number" in check_gold(gold)
+        assert finish("#### 3", gold, {"correctness": 1.0})["gold"] is None
+    assert time.perf_counter() - t < 0.5

@@ -12,6 +12,8 @@ from grpo_app.fileio import append_jsonl, read_jsonl
 from grpo_app.manager import RunInProgressError, RunManager
 from grpo_app.runs import RunDir
 
+from .conftest import checkpoint_files
+
 
 def tiny_cfg(runs, *extra):
     return load_config("tests/configs/tiny.yaml", [f"run.output_dir={runs}",
@@ -132,6 +134,7 @@ def test_incomplete_checkpoint_is_never_chosen(tmp_path):
                      (bad, {"stage_index": 0, "stage_step": 4, "global_step": 4})):
         d.mkdir(parents=True)
         (d / "engine_state.json").write_text(json.dumps(state))
+    checkpoint_files(good)
     (good / "COMPLETE").write_text("x")
     assert run.latest_checkpoint()["stage_step"] == 2
 

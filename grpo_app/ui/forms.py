@@ -31,8 +31,9 @@ from ..config import (
     collect_errors,
     config_from_dict,
     field_bounds,
-    load_yaml_text,
+    read_yaml_file,
 )
+from ..runs import RUN_ID_RE, resolve_run
 
 STAGE_HEADERS = ["name", "source", "min difficulty", "max difficulty", "steps"]
 MAX_STAGES = 10
@@ -165,11 +166,14 @@ def check_model_name(name, roots: list[Path], runs_root: Path | None = None) -> 
         return None, "the model name contains control characters."
     if name in SPECIAL_MODELS:
         return name, None
-    if runs_root is not None and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_\-]{0,100}", name):
-        final = runs_root / name / "final"
-        if (final / "config.json").is_file():
-            return str(final), None
-        if (runs_root / name / "config.yaml").is_file():
+    if runs_root is not None and RUN_ID_RE.fullmatch(name):
+        try:
+            run = resolve_run(runs_root, name)  # the one rule for run ids: symlinked run folders are refused
+        except ValueError:
+            run = None
+        if run is not None and run.has_final_model():
+            return str(run.final_dir), None
+        if run is not None:
             return None, f"run '{name}' has no trained model yet (a run saves one when it completes)."
     looks_like_path = name.startswith((".", "/", "~", "\\")) or "\\" in name or name.count("/") > 1
     if ".." in Path(name).parts or ".." in name.split("\\"):
@@ -190,7 +194,9 @@ def check_model_name(name, roots: list[Path], runs_root: Path | None = None) -> 
         if not rp.is_dir():
             return None, f"folder '{name}' does not exist."
         if (rp / "final" / "config.json").is_file() and not (rp / "config.json").is_file():
-            rp = rp / "final"
+            rp = (rp / "final").resolve()
+            if not _under(rp, roots):  # a run folder whose final/ links elsewhere
+                return None, f"'{name}' is outside the model folders this app may read."
         if not (rp / "config.json").is_file():
             return None, f"folder '{name}' has no config.json; it does not hold a saved model."
         return str(rp), None
@@ -477,7 +483,7 @@ def build_config(
 
 
 def load_preset_data(path: Path) -> dict:
-    data = load_yaml_text(Path(path).read_text(encoding="utf-8"), str(path))
+    data = read_yaml_file(Path(path), Path(path).name)
     if not isinstance(data, dict):
         raise ConfigError([("preset", f"{Path(path).name} does not hold a mapping of settings.")])
     if not data.get("preset"):

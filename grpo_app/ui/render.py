@@ -180,7 +180,9 @@ def event_line(ev: dict) -> str | None:
     if kind == "stopped":
         return f"stopped at step {ev.get('step')}; checkpoint {ev.get('checkpoint') or '?'} saved (Resume continues from it)"
     if kind == "resumed":
-        return f"resumed from step {ev.get('step')} (checkpoint {ev.get('checkpoint')})"
+        skipped = ev.get("skipped") if isinstance(ev.get("skipped"), list) else []
+        passed = f"; passed over damaged {'; '.join(map(str, skipped[:3]))}" if skipped else ""
+        return f"resumed from step {ev.get('step')} (checkpoint {ev.get('checkpoint')}){passed}"
     if kind == "final_saved":
         return "trained model saved"
     if kind == "eval_done":

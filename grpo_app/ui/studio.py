@@ -34,7 +34,7 @@ from ..manager import RunInProgressError, RunManager
 from ..models import allowed_model_roots
 from ..monitor import current_view, disk_view, live_view, progress, resume_target
 from ..playground import ModelCache, check_gold, check_question
-from ..runs import RunDir, validate_run_id
+from ..runs import RunDir
 from . import forms
 from .forms import FormError, TrainForm
 
@@ -278,12 +278,9 @@ class Studio:
                 return Result(False, f"{run_id!r} is not a run id.")
             if run_id and run_id.strip():
                 try:
-                    rid = validate_run_id(run_id)
+                    run = self.manager.get(run_id)
                 except ValueError as e:
                     return Result(False, str(e))
-                run = RunDir(self.manager.root / rid)
-                if not run.config_path.is_file():
-                    return Result(False, f"There is no run '{rid}'.")
             else:
                 if self.manager.active:
                     return Result(False, "**A run is in progress**; nothing to resume.")
@@ -350,7 +347,7 @@ class Studio:
             run = self.manager.get(run_id)
         except ValueError as e:
             raise FormError([("run", str(e))]) from None
-        if not (run.final_dir / "config.json").is_file():
+        if not run.has_final_model():
             raise FormError([("run", f"run '{run.id}' has no trained model yet (a run saves one when it completes).")])
         return run
 
@@ -490,7 +487,7 @@ class Studio:
     def run_ids(self, with_model: bool = False) -> list[str]:
         runs = self.manager.runs()
         if with_model:
-            runs = [r for r in runs if (r.final_dir / "config.json").is_file()]
+            runs = [r for r in runs if r.has_final_model()]
         return [r.id for r in runs]
 
     def get_run(self, run_id) -> RunDir:
