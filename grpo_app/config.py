@@ -862,12 +862,6 @@ def collect_errors(cfg: Config, check_paths: bool = True) -> list[tuple[str, str
     return e
 
 
-def _show(value, limit: int = 60) -> str:
-    """A value quoted for a message, cut to `limit` characters (a message never carries a whole value)."""
-    text = repr(value) if not isinstance(value, str) else f"'{value}'"
-    return text if len(text) <= limit else text[: limit - 5] + "…'"
-
-
 def describe_fields(cls=Config, prefix: str = "") -> list[tuple[str, str, Any]]:
     """(path, help, default) for every setting, for `explain` and the UI."""
     rows = []
