@@ -1,4 +1,5 @@
-"""Files handed to a browser: a run's trained model as a zip, a comparison as CSV (no Gradio import).
+"""Files handed to a browser: a run's trained model as a zip or as an export (GGUF file, safetensors zip), a
+comparison as CSV (no Gradio import).
 
 They are written to a private folder in the system temp directory (the web server may serve files
 from there, nothing else is exposed) and deleted after `max_age_s`.

@@ -85,6 +85,19 @@ def test_gguf_reads_back_with_transformers_and_logits_match(small_tok, tmp_path,
         assert (got.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.95
 
 
+def test_qwen2_architecture_reads_back_exactly(small_tok, tmp_path):
+    """Qwen2 (the qwen-0.5b preset's family): q/k/v biases, no q/k permutation."""
+    model = make_tiny(small_tok, arch="qwen2")
+    for layer in model.model.layers:  # random biases, so a lost or misplaced bias shows in the logits
+        for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+            torch.nn.init.normal_(proj.bias, std=0.5)
+    ids = small_tok(TEXTS[2], return_tensors="pt")["input_ids"]
+    me.write_gguf(model, small_tok, tmp_path / "q.gguf", "f32")
+    back = _read_back(tmp_path, "q.gguf")
+    assert back.config.model_type == "qwen2"
+    assert torch.equal(_logits(back, ids), _logits(model, ids))
+
+
 def test_tensor_types_follow_llama_cpp(small_tok, tmp_path):
     import gguf
 
