@@ -5,6 +5,7 @@ python -m grpo_app resume <run_id>
 python -m grpo_app eval --model <run id | hub id | folder | embedded> --n 100
 python -m grpo_app compare --base embedded --trained <run id> --n 100
 python -m grpo_app runs
+python -m grpo_app answers <run_id> [--problem ID] [--step N] [--full]
 python -m grpo_app validate --config classroom --set ewc.lam=10
 python -m grpo_app explain [settings|rewards|presets]
 """
@@ -239,6 +240,90 @@ def cmd_runs(args) -> int:
     return 0
 
 
+def _one_line(text: str, full: bool, width: int = 150) -> str:
+    if full:
+        return "\n      ".join(str(text).splitlines() or [""])
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def _print_group(entry: dict, full: bool) -> None:
+    from .step_history import correct_count
+
+    g = entry["group"]
+    right = correct_count(g)
+    print(
+        f"step {entry.get('step')} (stage {int(entry.get('stage', 0)) + 1} {entry.get('stage_name', '')}): "
+        f"mean total {g.get('mean', 0):.3f}, std {g.get('std', 0):.3f}"
+        + (f", correct {right}/{len(g.get('completions') or [])}" if right is not None else "")
+    )
+    rows = zip(g.get("completions") or [], g.get("totals") or [], g.get("advantages") or [])
+    for i, (comp, total, adv) in enumerate(rows):
+        print(f"  {i + 1:>2}. total {total:5.2f}  adv {adv:+.2f} | {_one_line(comp, full)}")
+
+
+def cmd_answers(args) -> int:
+    from .manager import RunManager
+    from .runs import runs_root
+    from .step_history import find_problem, problem_history, problems, step_at
+
+    try:
+        run = RunManager(Path(args.runs_dir) if args.runs_dir else runs_root()).get(args.run_id)
+    except ValueError as e:
+        print(f"Cannot show answers: {e}", file=sys.stderr)
+        return 2
+    steps = run.steps()
+    if not steps:
+        print(f"Run {run.id} has no recorded steps (steps.jsonl is written from the first training step on).")
+        return 0 if args.problem is None and args.step is None else 2
+    probs = problems(steps)
+    if args.problem is None and args.step is None:
+        print(
+            f"Run {run.id}: {len(steps)} steps recorded (steps {steps[0]['step']}-{steps[-1]['step']}), "
+            f"{len(probs)} problems. Show one with --problem ID (or its #), one step with --step N."
+        )
+        print(f"{'#':>4}  {'problem':<22} {'seen':>4}  {'steps':<24} question")
+        for i, p in enumerate(probs, 1):
+            where = ", ".join(str(s) for s in p["steps"])
+            where = where if len(where) <= 24 else where[:23] + "…"
+            question = _one_line(p["question"], False, 70)
+            print(f"{i:>4}  {p['key'][:22]:<22} {len(p['steps']):>4}  {where:<24} {question}")
+        return 0
+    if args.problem is not None:
+        p = find_problem(steps, args.problem)
+        if p is None:
+            print(
+                f"Run {run.id} has no problem '{args.problem}'; run `answers {run.id}` to list them "
+                f"(an id like {probs[0]['key']!r} or a # from 1 to {len(probs)}).",
+                file=sys.stderr,
+            )
+            return 2
+        hist = problem_history(steps, p["key"])
+        if args.step is not None:
+            hist = [h for h in hist if h.get("step") == args.step]
+            if not hist:
+                where = ", ".join(str(s) for s in p["steps"])
+                print(f"Problem {p['key']} was not sampled at step {args.step} (only at {where}).", file=sys.stderr)
+                return 2
+        print(f"Problem {p['key']} (gold answer {p['answer']}), sampled {len(p['steps'])} times: {p['question']}")
+        for h in hist:
+            _print_group(h, args.full)
+        return 0
+    rec = step_at(steps, args.step)
+    if rec is None:
+        print(
+            f"Run {run.id} has no recorded step {args.step} (recorded: {steps[0]['step']}-{steps[-1]['step']}, "
+            f"{len(steps)} steps; older ones may have been thinned to bound the file).",
+            file=sys.stderr,
+        )
+        return 2
+    for g in rec["groups"]:
+        question = _one_line(g.get("question", ""), False, 100)
+        print(f"-- {g.get('problem_id') or ''} (gold answer {g.get('answer')}): {question}")
+        _print_group({**rec, "group": g}, args.full)
+    return 0
+
+
 def cmd_validate(args) -> int:
     from .config import ConfigError, load_config
 
@@ -305,6 +390,14 @@ def build_parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("runs", help="list runs")
     ls.add_argument("--runs-dir", default=None)
     ls.set_defaults(func=cmd_runs)
+
+    a = sub.add_parser("answers", help="a run's sampled answers across training: problems, one problem, one step")
+    a.add_argument("run_id")
+    a.add_argument("--problem", "-p", help="problem id (or its # in the list) to follow across steps")
+    a.add_argument("--step", type=int, help="only this step")
+    a.add_argument("--full", action="store_true", help="whole completions (default: one line each)")
+    a.add_argument("--runs-dir", default=None)
+    a.set_defaults(func=cmd_answers)
 
     v = sub.add_parser("validate", help="check a config without training")
     v.add_argument("--config", "-c", default="quick")
