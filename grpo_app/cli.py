@@ -200,7 +200,13 @@ def cmd_compare(args) -> int:
     from .models import ModelError
 
     settings = EvalSettings(
-        n=args.n, seed=args.seed, max_new_tokens=args.max_new_tokens, source=args.source, int8=args.int8
+        n=args.n,
+        seed=args.seed,
+        max_new_tokens=args.max_new_tokens,
+        source=args.source,
+        int8=args.int8,
+        pass_k=args.pass_k,
+        pass_temperature=args.temperature,
     )
     try:
         res = compare_models(
@@ -222,6 +228,18 @@ def cmd_compare(args) -> int:
         f"paired: only base right {p['only_base']}, only trained right {p['only_trained']}, "
         f"exact McNemar p = {p['p_value']:.4g}"
     )
+    from .evaluation import pass_k_rows
+
+    rows = pass_k_rows(res)
+    if rows:
+        pk = res["base"]["pass_k"]
+        print(
+            f"pass@k: {pk['k']} answers per problem sampled at temperature {pk['temperature']:g}; "
+            "95% bootstrap intervals over problems"
+        )
+        print(f"{'k':>4}  {'base':<24} trained")
+        for k, b, bci, t, tci in rows:
+            print(f"{k:>4}  {_fmt_pct(b, bci):<24} {_fmt_pct(t, tci)}")
     return 0
 
 
@@ -380,6 +398,8 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             e.add_argument("--base", default="embedded")
             e.add_argument("--trained", required=True, help="run id, hub id or folder")
+            e.add_argument("--pass-k", type=int, default=0, help="also sample K answers per problem: pass@1..K (0 = off)")
+            e.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for --pass-k")
         e.add_argument("--n", type=int, default=100)
         e.add_argument("--seed", type=int, default=0)
         e.add_argument("--max-new-tokens", type=int, default=256)
