@@ -5,7 +5,7 @@ python -m grpo_app resume <run_id>
 python -m grpo_app eval --model <run id | hub id | folder | embedded> --n 100
 python -m grpo_app compare --base embedded --trained <run id> --n 100
 python -m grpo_app runs
-python -m grpo_app answers <run_id> [--problem ID] [--step N] [--full]
+python -m grpo_app answers <run_id> [--problem ID] [--step N] [--full] [--what-if correctness=1,brevity=0.5]
 python -m grpo_app validate --config classroom --set ewc.lam=10
 python -m grpo_app explain [settings|rewards|presets]
 """
@@ -265,7 +265,7 @@ def _one_line(text: str, full: bool, width: int = 150) -> str:
     return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
-def _print_group(entry: dict, full: bool) -> None:
+def _print_group(entry: dict, full: bool, what: dict | None = None) -> None:
     from .step_history import correct_count
 
     g = entry["group"]
@@ -275,9 +275,36 @@ def _print_group(entry: dict, full: bool) -> None:
         f"mean total {g.get('mean', 0):.3f}, std {g.get('std', 0):.3f}"
         + (f", correct {right}/{len(g.get('completions') or [])}" if right is not None else "")
     )
+    if what is not None:
+        print(
+            f"  what if total = {' + '.join(f'{w:g} x {k}' for k, w in what['weights'].items())}, first "
+            f"{what['group_size']}: mean total {what['mean']:.3f}, std {what['std']:.3f}"
+        )
     rows = zip(g.get("completions") or [], g.get("totals") or [], g.get("advantages") or [])
     for i, (comp, total, adv) in enumerate(rows):
-        print(f"  {i + 1:>2}. total {total:5.2f}  adv {adv:+.2f} | {_one_line(comp, full)}")
+        extra = ""
+        if what is not None and i < what["group_size"]:
+            extra = f"  what-if total {what['totals'][i]:5.2f} adv {what['advantages'][i]:+.2f}"
+        elif what is not None:
+            extra = "  (left out)" + " " * 25
+        print(f"  {i + 1:>2}. total {total:5.2f}  adv {adv:+.2f}{extra} | {_one_line(comp, full)}")
+
+
+def _parse_weights(text: str, known: list[str]) -> dict[str, float]:
+    """'correctness=1,brevity=0.5' -> {'correctness': 1.0, 'brevity': 0.5} (ValueError says what is wrong)."""
+    out = {}
+    for part in [p for p in text.split(",") if p.strip()]:
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if not sep or name not in known:
+            raise ValueError(f"'{part.strip()}': write name=weight with a reward from: {', '.join(known)}.")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            raise ValueError(f"'{part.strip()}': the weight must be a number.") from None
+    if not out:
+        raise ValueError("give at least one name=weight.")
+    return out
 
 
 def cmd_answers(args) -> int:
@@ -291,6 +318,38 @@ def cmd_answers(args) -> int:
         print(f"Cannot show answers: {e}", file=sys.stderr)
         return 2
     steps = run.steps()
+    what_weights = None
+    if args.what_if is not None or args.group_size is not None:
+        if args.problem is None and args.step is None:
+            print("--what-if / --group-size recompute shown groups: add --problem ID or --step N.", file=sys.stderr)
+            return 2
+        try:
+            from .rewards import REWARD_FUNCS
+
+            known = list(dict.fromkeys([*REWARD_FUNCS, *(k for rec in steps for k in rec.get("weights") or {})]))
+            what_weights = _parse_weights(args.what_if, known) if args.what_if is not None else None
+        except ValueError as e:
+            print(f"Cannot recompute: {e}", file=sys.stderr)
+            return 2
+
+    def show(entry):
+        what = None
+        if args.what_if is not None or args.group_size is not None:
+            from .advantages import what_if
+
+            rec = step_at(steps, entry.get("step")) or {}
+            try:
+                what = what_if(
+                    entry["group"],
+                    what_weights or entry.get("weights") or {},
+                    group_size=args.group_size,
+                    scale_rewards=entry.get("scale_rewards") or "group",
+                    batch_groups=rec.get("groups"),
+                )
+            except ValueError as e:
+                print(f"  (cannot recompute this group: {e})")
+        _print_group(entry, args.full, what)
+
     if not steps:
         print(f"Run {run.id} has no recorded steps (steps.jsonl is written from the first training step on).")
         return 0 if args.problem is None and args.step is None else 2
@@ -325,7 +384,7 @@ def cmd_answers(args) -> int:
                 return 2
         print(f"Problem {p['key']} (gold answer {p['answer']}), sampled {len(p['steps'])} times: {p['question']}")
         for h in hist:
-            _print_group(h, args.full)
+            show(h)
         return 0
     rec = step_at(steps, args.step)
     if rec is None:
@@ -338,7 +397,7 @@ def cmd_answers(args) -> int:
     for g in rec["groups"]:
         question = _one_line(g.get("question", ""), False, 100)
         print(f"-- {g.get('problem_id') or ''} (gold answer {g.get('answer')}): {question}")
-        _print_group({**rec, "group": g}, args.full)
+        show({**rec, "group": g})
     return 0
 
 
@@ -398,7 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             e.add_argument("--base", default="embedded")
             e.add_argument("--trained", required=True, help="run id, hub id or folder")
-            e.add_argument("--pass-k", type=int, default=0, help="also sample K answers per problem: pass@1..K (0 = off)")
+            e.add_argument("--pass-k", type=int, default=0, help="sample K answers per problem: pass@1..K (0: off)")
             e.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for --pass-k")
         e.add_argument("--n", type=int, default=100)
         e.add_argument("--seed", type=int, default=0)
@@ -416,6 +475,13 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--problem", "-p", help="problem id (or its # in the list) to follow across steps")
     a.add_argument("--step", type=int, help="only this step")
     a.add_argument("--full", action="store_true", help="whole completions (default: one line each)")
+    a.add_argument(
+        "--what-if",
+        metavar="NAME=W,...",
+        help="recompute each shown group's totals and advantages with these reward weights (nothing is trained); "
+        "rewards the run did not use are scored from the stored text",
+    )
+    a.add_argument("--group-size", type=int, help="with the what-if: keep only the first n completions of each group")
     a.add_argument("--runs-dir", default=None)
     a.set_defaults(func=cmd_answers)
 

@@ -129,6 +129,19 @@ def test_cli_answers_lists_follows_a_problem_and_shows_a_step(trained_run):
     for bad in (["--problem", "nope"], ["--step", "99"]):
         r = cli(trained_run.id, *bad)
         assert r.returncode == 2 and r.stderr and "Traceback" not in r.stderr
+    # what-if from the command line: the run's own weights give the recorded advantages again
+    same = cli(trained_run.id, "--step", "3", "--what-if", "correctness=1,text_length=0.5,has_number=0.25")
+    assert same.returncode == 0, same.stderr
+    rec = step_at(steps, 3)
+    for g in rec["groups"]:
+        for a in g["advantages"]:
+            assert f"adv {a:+.2f}  what-if total" in same.stdout
+    first_two = cli(trained_run.id, "--step", "3", "--group-size", "2")
+    assert first_two.returncode == 0 and first_two.stdout.count("(left out)") == 4  # 2 of 4 left out, 2 groups
+    for bad in (["--step", "3", "--what-if", "nope=1"], ["--what-if", "correctness=1"], ["--step", "3", "--group-size", "9"]):
+        r = cli(trained_run.id, *bad)
+        assert "Traceback" not in r.stderr
+        assert r.returncode == 2 or "cannot recompute" in r.stdout
     missing = cli("no-such-run")
     assert missing.returncode == 2 and "no run" in missing.stderr and "Traceback" not in missing.stderr
 

@@ -57,6 +57,7 @@ class Limits:
     max_upload_mb: int = field(default_factory=lambda: _env_int("GRPO_APP_MAX_UPLOAD_MB", 5, 1, 20))
     max_eval_n: int = field(default_factory=lambda: _env_int("GRPO_APP_MAX_EVAL_N", 500, 1, 5000))
     max_eval_tokens: int = 1024
+    max_pass_k: int = field(default_factory=lambda: _env_int("GRPO_APP_MAX_PASS_K", 16, 1, 64))
     max_try_tokens: int = 512
     eval_pending: int = field(default_factory=lambda: _env_int("GRPO_APP_EVAL_QUEUE", 3, 1, 50))
     eval_idle_s: float = 90.0
@@ -355,10 +356,15 @@ class Studio:
             raise FormError([("run", f"run '{run.id}' has no trained model yet (a run saves one when it completes).")])
         return run
 
-    def compare_spec(self, mode, run_id, base, trained, eval_set, n, dmin, dmax, seed, max_tokens) -> dict:
+    def compare_spec(
+        self, mode, run_id, base, trained, eval_set, n, dmin, dmax, seed, max_tokens, pass_k=0, pass_temperature=1.0
+    ) -> dict:
         from ..evaluation import EvalSettings
 
         errors: list = []
+        pass_k = forms.parse_int(pass_k, "pass_k", "pass@k samples", errors, 0, self.limits.max_pass_k)
+        if pass_k:
+            pass_temperature = forms.parse_float(pass_temperature, "pass_k", "pass@k temperature", errors, 0.05, 2.0)
         n = forms.parse_int(n, "n", "N (problems)", errors, 1, self.limits.max_eval_n)
         seed = forms.parse_int(seed, "seed", "seed", errors, 0, forms.MAX_SEED)
         dmin = forms.parse_int(dmin, "difficulty", "min difficulty", errors, 0, forms.MAX_DIFFICULTY)
@@ -424,6 +430,9 @@ class Studio:
             )
             name = f"gsm8k-n{n}-seed{seed}-d{dmin}-{dmax}"
             what = f"GSM8K test, difficulty {dmin}–{dmax}"
+        if pass_k:
+            settings.pass_k, settings.pass_temperature = pass_k, float(pass_temperature)
+            name += f"-pass{pass_k}-t{pass_temperature:g}"
         try:
             settings.validate()
         except ValueError as e:
@@ -446,7 +455,7 @@ class Studio:
         from ..evaluation import compare_models, save_compare
 
         key = json.dumps([spec["base"], spec["trained"], asdict(spec["settings"])], sort_keys=True, default=str)
-        n = spec["settings"].n
+        n = spec["settings"].n * (1 + spec["settings"].pass_k)  # answers: greedy, then pass@k samples
 
         def work(report, should_stop):
             report(phase="loading problems", base_done=0, base_total=n, trained_done=0, trained_total=n)
