@@ -137,7 +137,9 @@ def create_compare_tab(studio: Studio) -> CompareTab:
 
     run.change(on_run, [run], [eval_set], api_visibility="undocumented", show_progress="hidden")
 
-    outputs = [job_id, progress_view, summary, by_difficulty, table, csv_file, passk_plot]
+    passk_json = gr.State(None)  # the pass@k figure of the last comparison (drawn by a follow-up event, so the
+    # /compare API keeps its outputs)
+    outputs = [job_id, progress_view, summary, by_difficulty, table, csv_file, passk_json]
 
     @guard("compare the models")
     def on_compare(
@@ -207,7 +209,7 @@ def create_compare_tab(studio: Studio) -> CompareTab:
             plot(difficulty_json(res)),
             render.compare_rows(res),
             str(csv_path),
-            _passk_update(res),
+            passk_figure(res).to_json() if (res.get("base") or {}).get("pass_k") else "",
         )
 
     event = go.click(
@@ -219,6 +221,7 @@ def create_compare_tab(studio: Studio) -> CompareTab:
         concurrency_limit=8,
         show_progress="minimal",
     )
+    event.then(_passk_update, [passk_json], [passk_plot], api_visibility="undocumented", show_progress="hidden")
 
     def on_cancel(jid, request: gr.Request):
         if jid:
@@ -241,11 +244,13 @@ def create_compare_tab(studio: Studio) -> CompareTab:
     return CompareTab(refresh_fn=refresh, refresh_inputs=[run], refresh_outputs=[run])
 
 
-def _passk_update(result: dict):
-    """The pass@k chart when the comparison sampled answers, hidden otherwise."""
-    if not (result.get("base") or {}).get("pass_k"):
+def _passk_update(figure_json):
+    """The pass@k chart after a comparison: shown when it sampled answers ("" = it did not), else unchanged."""
+    if figure_json is None:
+        return gr.skip()
+    if not figure_json:
         return gr.update(visible=False)
-    return gr.update(value=plot(passk_figure(result).to_json()), visible=True)
+    return gr.update(value=plot(figure_json), visible=True)
 
 
 def _errors_html(errors) -> str:
