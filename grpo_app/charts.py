@@ -410,3 +410,48 @@ def difficulty_figure(result: dict, uirevision=None):
     _layout(fig, title, "difficulty (calculation steps)", "accuracy", uirevision or result.get("key"))
     fig.update_layout(barmode="group", yaxis=dict(range=[0, 1.05], tickformat=".0%"), hovermode="closest")
     return fig
+
+
+def passk_figure(result: dict, uirevision=None):
+    """pass@1..K of base and trained (K sampled answers per problem), with 95% bootstrap intervals."""
+    title = "pass@k: right within k tries (95% intervals)"
+    curves = [
+        (role, (result or {}).get(f"{role}_label") or role, color, ((result or {}).get(role) or {}).get("pass_k"))
+        for role, color in (("base", COLORS[5]), ("trained", COLORS[0]))
+    ]
+    if not all(c[3] for c in curves):
+        return empty_figure(title, "Set pass@k samples above 0 and compare to see this chart.", uirevision)
+    fig = go.Figure()
+    for role, label, color, pk in curves:
+        cv = pk["curve"]
+        ys = cv["pass"]
+        fig.add_trace(
+            go.Scatter(
+                x=cv["k"],
+                y=ys,
+                mode="lines+markers",
+                name=f"{role}: {label}"[:60],
+                line=dict(color=color, width=3),
+                error_y=dict(
+                    type="data",
+                    symmetric=False,
+                    array=[hi - y for (_, hi), y in zip(cv["ci"], ys)],
+                    arrayminus=[y - lo for (lo, _), y in zip(cv["ci"], ys)],
+                    thickness=1.5,
+                    width=4,
+                ),
+                hovertemplate="pass@%{x}: %{y:.1%}<extra>" + role + "</extra>",
+            )
+        )
+    pk = curves[0][3]
+    _layout(
+        fig,
+        f"{title}<br><sup>{pk['k']} answers per problem sampled at temperature {pk['temperature']:g}, "
+        f"n = {pk['curve']['n_problems']} problems</sup>",
+        "k (tries)",
+        "pass@k",
+        uirevision or result.get("key"),
+    )
+    fig.update_layout(yaxis=dict(range=[0, 1.05], tickformat=".0%"), hovermode="x unified", margin=dict(t=80))
+    fig.update_xaxes(tickmode="linear", dtick=1 if pk["k"] <= 16 else 4)
+    return fig

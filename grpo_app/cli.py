@@ -6,6 +6,7 @@ python -m grpo_app eval --model <run id | hub id | folder | embedded> --n 100
 python -m grpo_app compare --base embedded --trained <run id> --n 100
 python -m grpo_app runs
 python -m grpo_app export <run_id> --format gguf|safetensors [--quant f32|f16|q8_0] [--out PATH] [--push owner/name]
+python -m grpo_app answers <run_id> [--problem ID] [--step N] [--full] [--what-if correctness=1,brevity=0.5]
 python -m grpo_app validate --config classroom --set ewc.lam=10
 python -m grpo_app explain [settings|rewards|presets]
 """
@@ -258,6 +259,8 @@ def cmd_compare(args) -> int:
                 source=args.source,
                 int8=args.int8,
             )
+        if args.pass_k:
+            spec.with_pass_k(args.pass_k, args.temperature)
         shown: dict = {}
 
         def report(**fields):  # one line of progress, rewritten in place
@@ -283,6 +286,18 @@ def cmd_compare(args) -> int:
         f"paired: only base right {p['only_base']}, only trained right {p['only_trained']}, "
         f"exact McNemar p = {p['p_value']:.4g}"
     )
+    from .evaluation import pass_k_rows
+
+    rows = pass_k_rows(res)
+    if rows:
+        pk = res["base"]["pass_k"]
+        print(
+            f"pass@k: {pk['k']} answers per problem sampled at temperature {pk['temperature']:g}; "
+            "95% bootstrap intervals over problems"
+        )
+        print(f"{'k':>4}  {'base':<24} trained")
+        for k, b, bci, t, tci in rows:
+            print(f"{k:>4}  {_fmt_pct(b, bci):<24} {_fmt_pct(t, tci)}")
     if spec.run is not None:
         print(f"Saved in run {spec.run.id}: eval/{spec.name}.json (+ .csv)")
     return 0
@@ -305,6 +320,149 @@ def cmd_runs(args) -> int:
         dur = f"{s['duration_s'] / 60:.1f} min" if s["duration_s"] else "-"
         line = f"{s['run_id']:<40} {s['status']:<12} {s['preset']:<12} steps {s['steps']:<9} reward {rew:<7} {dur}"
         print(line + (f"  ({_cut(s['damage'], 200)})" if s.get("damage") else ""))
+    return 0
+
+
+def _one_line(text: str, full: bool, width: int = 150) -> str:
+    if full:
+        return "\n      ".join(str(text).splitlines() or [""])
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def _print_group(entry: dict, full: bool, what: dict | None = None) -> None:
+    from .step_history import correct_count
+
+    g = entry["group"]
+    right = correct_count(g)
+    print(
+        f"step {entry.get('step')} (stage {int(entry.get('stage', 0)) + 1} {entry.get('stage_name', '')}): "
+        f"mean total {g.get('mean', 0):.3f}, std {g.get('std', 0):.3f}"
+        + (f", correct {right}/{len(g.get('completions') or [])}" if right is not None else "")
+    )
+    if what is not None:
+        print(
+            f"  what if total = {' + '.join(f'{w:g} x {k}' for k, w in what['weights'].items())}, first "
+            f"{what['group_size']}: mean total {what['mean']:.3f}, std {what['std']:.3f}"
+        )
+    rows = zip(g.get("completions") or [], g.get("totals") or [], g.get("advantages") or [])
+    for i, (comp, total, adv) in enumerate(rows):
+        extra = ""
+        if what is not None and i < what["group_size"]:
+            extra = f"  what-if total {what['totals'][i]:5.2f} adv {what['advantages'][i]:+.2f}"
+        elif what is not None:
+            extra = "  (left out)" + " " * 25
+        print(f"  {i + 1:>2}. total {total:5.2f}  adv {adv:+.2f}{extra} | {_one_line(comp, full)}")
+
+
+def _parse_weights(text: str, known: list[str]) -> dict[str, float]:
+    """'correctness=1,brevity=0.5' -> {'correctness': 1.0, 'brevity': 0.5} (ValueError says what is wrong)."""
+    out = {}
+    for part in [p for p in text.split(",") if p.strip()]:
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if not sep or name not in known:
+            raise ValueError(f"'{part.strip()}': write name=weight with a reward from: {', '.join(known)}.")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            raise ValueError(f"'{part.strip()}': the weight must be a number.") from None
+    if not out:
+        raise ValueError("give at least one name=weight.")
+    return out
+
+
+def cmd_answers(args) -> int:
+    from .manager import RunManager
+    from .runs import runs_root
+    from .step_history import find_problem, problem_history, problems, step_at
+
+    try:
+        run = RunManager(Path(args.runs_dir) if args.runs_dir else runs_root()).get(args.run_id)
+    except ValueError as e:
+        print(f"Cannot show answers: {e}", file=sys.stderr)
+        return 2
+    steps = run.steps()
+    what_weights = None
+    if args.what_if is not None or args.group_size is not None:
+        if args.problem is None and args.step is None:
+            print("--what-if / --group-size recompute shown groups: add --problem ID or --step N.", file=sys.stderr)
+            return 2
+        try:
+            from .rewards import REWARD_FUNCS
+
+            known = list(dict.fromkeys([*REWARD_FUNCS, *(k for rec in steps for k in rec.get("weights") or {})]))
+            what_weights = _parse_weights(args.what_if, known) if args.what_if is not None else None
+        except ValueError as e:
+            print(f"Cannot recompute: {e}", file=sys.stderr)
+            return 2
+
+    def show(entry):
+        what = None
+        if args.what_if is not None or args.group_size is not None:
+            from .advantages import what_if
+
+            rec = step_at(steps, entry.get("step")) or {}
+            try:
+                what = what_if(
+                    entry["group"],
+                    what_weights or entry.get("weights") or {},
+                    group_size=args.group_size,
+                    scale_rewards=entry.get("scale_rewards") or "group",
+                    batch_groups=rec.get("groups"),
+                )
+            except ValueError as e:
+                print(f"  (cannot recompute this group: {e})")
+        _print_group(entry, args.full, what)
+
+    if not steps:
+        print(f"Run {run.id} has no recorded steps (steps.jsonl is written from the first training step on).")
+        return 0 if args.problem is None and args.step is None else 2
+    probs = problems(steps)
+    if args.problem is None and args.step is None:
+        print(
+            f"Run {run.id}: {len(steps)} steps recorded (steps {steps[0]['step']}-{steps[-1]['step']}), "
+            f"{len(probs)} problems. Show one with --problem ID (or its #), one step with --step N."
+        )
+        print(f"{'#':>4}  {'problem':<22} {'seen':>4}  {'steps':<24} question")
+        for i, p in enumerate(probs, 1):
+            where = ", ".join(str(s) for s in p["steps"])
+            where = where if len(where) <= 24 else where[:23] + "…"
+            question = _one_line(p["question"], False, 70)
+            print(f"{i:>4}  {p['key'][:22]:<22} {len(p['steps']):>4}  {where:<24} {question}")
+        return 0
+    if args.problem is not None:
+        p = find_problem(steps, args.problem)
+        if p is None:
+            print(
+                f"Run {run.id} has no problem '{args.problem}'; run `answers {run.id}` to list them "
+                f"(an id like {probs[0]['key']!r} or a # from 1 to {len(probs)}).",
+                file=sys.stderr,
+            )
+            return 2
+        hist = problem_history(steps, p["key"])
+        if args.step is not None:
+            hist = [h for h in hist if h.get("step") == args.step]
+            if not hist:
+                where = ", ".join(str(s) for s in p["steps"])
+                print(f"Problem {p['key']} was not sampled at step {args.step} (only at {where}).", file=sys.stderr)
+                return 2
+        print(f"Problem {p['key']} (gold answer {p['answer']}), sampled {len(p['steps'])} times: {p['question']}")
+        for h in hist:
+            show(h)
+        return 0
+    rec = step_at(steps, args.step)
+    if rec is None:
+        print(
+            f"Run {run.id} has no recorded step {args.step} (recorded: {steps[0]['step']}-{steps[-1]['step']}, "
+            f"{len(steps)} steps; older ones may have been thinned to bound the file).",
+            file=sys.stderr,
+        )
+        return 2
+    for g in rec["groups"]:
+        question = _one_line(g.get("question", ""), False, 100)
+        print(f"-- {g.get('problem_id') or ''} (gold answer {g.get('answer')}): {question}")
+        show({**rec, "group": g})
     return 0
 
 
@@ -411,6 +569,8 @@ def build_parser() -> argparse.ArgumentParser:
                 help="with --run: held-out problems like the run's stage K (1 = first); none it trained on",
             )
             e.add_argument("--runs-dir", default=None)
+            e.add_argument("--pass-k", type=int, default=0, help="sample K answers per problem: pass@1..K (0: off)")
+            e.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for --pass-k")
         e.add_argument("--n", type=int, default=100)
         e.add_argument("--seed", type=int, default=0)
         e.add_argument(
@@ -433,6 +593,21 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--public", action="store_true", help="with --push: make a new repo public (default private)")
     ex.add_argument("--runs-dir", default=None)
     ex.set_defaults(func=cmd_export)
+
+    a = sub.add_parser("answers", help="a run's sampled answers across training: problems, one problem, one step")
+    a.add_argument("run_id")
+    a.add_argument("--problem", "-p", help="problem id (or its # in the list) to follow across steps")
+    a.add_argument("--step", type=int, help="only this step")
+    a.add_argument("--full", action="store_true", help="whole completions (default: one line each)")
+    a.add_argument(
+        "--what-if",
+        metavar="NAME=W,...",
+        help="recompute each shown group's totals and advantages with these reward weights (nothing is trained); "
+        "rewards the run did not use are scored from the stored text",
+    )
+    a.add_argument("--group-size", type=int, help="with the what-if: keep only the first n completions of each group")
+    a.add_argument("--runs-dir", default=None)
+    a.set_defaults(func=cmd_answers)
 
     v = sub.add_parser("validate", help="check a config without training")
     v.add_argument("--config", "-c", default="quick")

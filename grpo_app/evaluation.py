@@ -11,6 +11,12 @@ McNemar test on the discordant pairs.
 A comparison is described by a `CompareSpec` (which models, which problems: GSM8K test or held-out
 problems like a run's stage k, never one the run trained on) and carried out by `run_compare`; the web
 app, the CLI and `bench/learning.py` all build their comparisons this way.
+
+pass@k (optional, `EvalSettings.pass_k` = K > 0): each problem also gets K sampled answers at
+`pass_temperature`, scored like accuracy; pass@k for k = 1..K is the unbiased estimator of Chen et al.
+(2021), 1 - C(n-c, k) / C(n, k) with c of the n = K samples right, averaged over problems, with a 95%
+percentile bootstrap interval over problems (seeded, 2000 resamples). It shows how much of what a model
+can do in K tries it does on the first: GRPO tends to raise pass@1 more than pass@K.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from .prompts import prompt_ids
 from .rewards import is_correct
 
 Z95 = 1.959963984540054
+MAX_PASS_K = 64
+BOOTSTRAP_RESAMPLES = 2000
 
 
 def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
@@ -72,6 +80,8 @@ class EvalSettings:
     max_difficulty: int = 99
     int8: bool = False
     extra: dict = field(default_factory=dict)  # stage options for generated tasks (max_digits, operators)
+    pass_k: int = 0  # K sampled answers per problem for pass@1..K (0 = greedy accuracy only)
+    pass_temperature: float = 1.0  # sampling temperature of those answers
 
     def validate(self) -> EvalSettings:
         errs = []
@@ -83,6 +93,10 @@ class EvalSettings:
             errs.append("batch size must be between 1 and 256.")
         if self.max_difficulty < self.min_difficulty:
             errs.append("the difficulty range is empty (max below min).")
+        if not 0 <= self.pass_k <= MAX_PASS_K:
+            errs.append(f"pass@k samples must be between 0 (off) and {MAX_PASS_K}.")
+        if self.pass_k and not 0.05 <= self.pass_temperature <= 2.0:
+            errs.append("the pass@k temperature must be between 0.05 and 2 (at 0 every sample is the greedy answer).")
         if errs:
             raise ValueError(" ".join(errs))
         return self
@@ -201,6 +215,95 @@ def summarize(records: list[dict], seconds: float = 0.0, gen_tokens: int = 0) ->
     }
 
 
+# ------------------------------------------------------------------------------------------------
+# pass@k
+# ------------------------------------------------------------------------------------------------
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are right (Chen et al. 2021): 1 - C(n-c, k) / C(n, k),
+    the chance that k of the n samples drawn without replacement contain a right one."""
+    if not (0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n (got n={n}, c={c}, k={k}).")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_k_curve(correct: list[int], n: int, seed: int = 0, resamples: int = BOOTSTRAP_RESAMPLES) -> dict:
+    """pass@1..n averaged over problems (`correct[i]` = right samples of problem i, out of n), with a 95%
+    percentile bootstrap interval over problems. A resample only changes how often each count c occurs, so
+    it is drawn as multinomial counts of c (the same distribution as resampling problems, far cheaper)."""
+    import numpy as np
+
+    m = len(correct)
+    ks = list(range(1, n + 1))
+    if m == 0:
+        return {"k": ks, "pass": [0.0] * n, "ci": [[0.0, 1.0] for _ in ks], "n_problems": 0, "n_samples": n}
+    table = np.array([[pass_at_k(n, c, k) for k in ks] for c in range(n + 1)])  # [c, k]
+    freq = np.bincount(np.asarray(correct, dtype=int), minlength=n + 1).astype(float)
+    point = freq @ table / m
+    draws = np.random.default_rng(seed).multinomial(m, freq / m, size=resamples) @ table / m  # [B, k]
+    lo, hi = np.percentile(draws, [2.5, 97.5], axis=0)
+    ci = [[float(min(a, p)), float(max(b, p))] for a, b, p in zip(lo, hi, point)]
+    return {"k": ks, "pass": [float(x) for x in point], "ci": ci, "n_problems": m, "n_samples": n}
+
+
+def sample_pass_k(
+    model,
+    tokenizer,
+    problems: list[Problem],
+    settings: EvalSettings,
+    progress: Callable[[int, int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> dict:
+    """`settings.pass_k` sampled answers per problem at `settings.pass_temperature`, scored like accuracy
+    (flexible reading) and strictly; returns per-problem counts and the pass@k curves (`pass_k_curve`)."""
+    k, t0 = settings.pass_k, time.perf_counter()
+    per_batch = max(1, settings.batch_size // k)  # a problem's k samples share one prompt prefill
+    records: list[dict] = []
+    for start in range(0, len(problems), per_batch):
+        if should_stop is not None and should_stop():
+            break
+        batch = problems[start : start + per_batch]
+        ids = [prompt_ids(tokenizer, p.question, settings.system_prompt) for p in batch for _ in range(k)]
+        params = SamplingParams(
+            max_new_tokens=settings.max_new_tokens,
+            temperature=settings.pass_temperature,
+            stop_at_answer=True,
+            seed=settings.seed * 1_000_003 + start,
+        )
+        out = generate_completions(model, tokenizer, ids, params)
+        for j, p in enumerate(batch):
+            texts = [tokenizer.decode(c, skip_special_tokens=True) for c in out.completion_ids[j * k : (j + 1) * k]]
+            records.append(
+                {
+                    "id": p.id,
+                    "difficulty": p.difficulty,
+                    "n": k,
+                    "correct": sum(is_correct(x, p.answer, strict=False) for x in texts),
+                    "strict_correct": sum(is_correct(x, p.answer, strict=True) for x in texts),
+                }
+            )
+        if progress is not None:
+            progress(len(records), len(problems))
+    return {
+        "k": k,
+        "temperature": settings.pass_temperature,
+        "records": records,
+        "curve": pass_k_curve([r["correct"] for r in records], k, seed=settings.seed),
+        "strict_curve": pass_k_curve([r["strict_correct"] for r in records], k, seed=settings.seed),
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def pass_k_rows(result: dict) -> list[list]:
+    """[k, base pass@k, its interval, trained pass@k, its interval] for a comparison with pass@k."""
+    b, t = result["base"].get("pass_k"), result["trained"].get("pass_k")
+    if not b or not t:
+        return []
+    bc, tc = b["curve"], t["curve"]
+    return [[k, bc["pass"][i], bc["ci"][i], tc["pass"][i], tc["ci"][i]] for i, k in enumerate(bc["k"])]
+
+
 def paired(base: list[dict], trained: list[dict], key: str = "correct") -> dict:
     """McNemar on the same problems: b = only base right, c = only trained right."""
     tb = {r["id"]: r[key] for r in trained}
@@ -233,7 +336,10 @@ def _model_fingerprint(name: str) -> str:
 
 
 def cache_key(models: list[str], settings: EvalSettings) -> str:
-    blob = json.dumps({"models": [_model_fingerprint(m) for m in models], "settings": asdict(settings)}, sort_keys=True)
+    st = asdict(settings)
+    if not settings.pass_k:  # (keys of comparisons without pass@k stay what they were before it existed)
+        st.pop("pass_k"), st.pop("pass_temperature")
+    blob = json.dumps({"models": [_model_fingerprint(m) for m in models], "settings": st}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -281,6 +387,8 @@ def compare_models(
         "origin": origin,
         "created": time.time(),
     }
+    k, n_p = settings.pass_k, len(problems)
+    units = n_p * (1 + k)  # progress counts answers: n greedy, then n * K sampled
     for role, name in (("base", base), ("trained", trained)):
         if should_stop is not None and should_stop():
             raise InterruptedError("evaluation cancelled")
@@ -290,9 +398,20 @@ def compare_models(
             tok,
             problems,
             settings,
-            progress=(lambda d, t, r=role: progress(r, d, t)) if progress else None,
+            progress=(lambda d, t, r=role: progress(r, d, units)) if progress else None,
             should_stop=should_stop,
         )
+        if k:
+            res["pass_k"] = sample_pass_k(
+                model,
+                tok,
+                problems,
+                settings,
+                progress=(lambda d, t, r=role: progress(r, n_p + d * k, units)) if progress else None,
+                should_stop=should_stop,
+            )
+            if len(res["pass_k"]["records"]) < n_p:
+                raise InterruptedError("evaluation cancelled")
         result[role] = res
         result[f"{role}_label"] = spec.label
         del model
@@ -501,6 +620,13 @@ class CompareSpec:
             exclude = self.excluded_questions()
         return eval_problems(self.settings, self.data_cfg, exclude)
 
+    def with_pass_k(self, k: int, temperature: float = 1.0) -> CompareSpec:
+        """The same comparison, each model also sampled `k` times per problem at `temperature` (pass@1..k)."""
+        self.settings.pass_k, self.settings.pass_temperature = int(k), float(temperature)
+        if k:
+            self.name += f"-pass{k}-t{temperature:g}"
+        return self.validate()
+
     def label(self) -> str:
         """What is compared, in words a page may show: model names and run ids, never a server path."""
         trained = f"run {self.run.id}" if self.run is not None else self.trained
@@ -533,7 +659,7 @@ def run_compare(spec: CompareSpec, report=None, should_stop=None, restrict_paths
 
     `report(**fields)` receives progress (phase, base_done/total, trained_done/total)."""
     report = report or (lambda **fields: None)
-    n = spec.settings.n
+    n = spec.settings.n * (1 + spec.settings.pass_k)  # answers: greedy, then the pass@k samples
     report(phase="loading problems", base_done=0, base_total=n, trained_done=0, trained_total=n)
 
     def prog(role, done, total):

@@ -4,7 +4,7 @@ Every writer in the project goes through here:
 - `atomic_write_text` / `atomic_write_json`: temp file in the same folder, fsync, `os.replace`; a reader
   never sees half a file.
 - `append_jsonl` / `read_jsonl`: one flushed line per record; a torn last line (a crash mid-write) and any
-  line that is not a JSON object are skipped.
+  line that is not a JSON object are skipped, and the next append starts on a new line after a torn one.
 - `read_json`: a missing, unreadable or undecodable file gives `default` instead of an exception.
 - `publish_dir`: a folder is built under a temporary name and renamed into place, so a crash never leaves
   a half-written folder under the final name.
@@ -56,9 +56,13 @@ def _json_default(o):
 
 def append_jsonl(path: Path, obj: dict) -> None:
     """Append one JSON line (NaN/inf become null), flushed and fsynced so a crash loses at most it."""
-    line = json.dumps(clean_json(obj), default=_json_default)
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(line + "\n")
+    line = (json.dumps(clean_json(obj), default=_json_default) + "\n").encode("utf-8")
+    with open(path, "ab+") as fh:
+        if fh.seek(0, os.SEEK_END) > 0:
+            fh.seek(-1, os.SEEK_END)
+            if fh.read(1) != b"\n":  # a torn last line (crash mid-write): start a new line, never join it
+                line = b"\n" + line
+        fh.write(line)
         fh.flush()
         os.fsync(fh.fileno())
 

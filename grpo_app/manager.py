@@ -162,6 +162,8 @@ class _JobReporter:
 
     def step(self, snapshot: dict):
         atomic_write_json(self.run.step_path, snapshot)
+        with contextlib.suppress(OSError):  # the history is a view: a full disk must not stop training here
+            self.run.append_step(snapshot)
         self.store.set_step(snapshot)
 
     def status(self, **fields):

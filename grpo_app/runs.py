@@ -7,6 +7,11 @@ A run folder `models/runs/<run_id>/` holds:
   events.jsonl         stage start/end, Fisher done, stop, resume, error
   memory.jsonl         RSS samples (every 0.5 s, also during generation)
   latest_step.json     the groups of the latest step: prompts, completions, rewards, advantages
+  steps.jsonl          every step's groups (one line per step; completions cut to STEPS_MAX_CHARS characters).
+                       Bounded: past STEPS_MAX_BYTES the file is rewritten (atomically) without every second
+                       step of its older half (the first step and the newer half stay whole), so early training
+                       becomes sparser but every step kept is complete; the latest step is always kept.
+                       A re-done step (after a resume) replaces the earlier line of the same step when read.
   checkpoints/stage-K/checkpoint-N/   resumable (model, optimizer, RNG, engine_state.json, COMPLETE)
   ewc/stage-K/         Fisher + anchor after stage K
   final/               the trained model, loadable with from_pretrained
@@ -43,6 +48,8 @@ from .fileio import (
 )
 
 ACTIVE = ("running", "stopping")
+STEPS_MAX_BYTES = 32 * 2**20  # steps.jsonl: ~2000 steps of 4 prompts x 8 completions of ~100 tokens
+STEPS_MAX_CHARS = 1500  # characters kept of each completion in steps.jsonl
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,100}$")
 
 
@@ -70,6 +77,7 @@ class RunDir:
     events_path = property(lambda self: self.path / "events.jsonl")
     memory_path = property(lambda self: self.path / "memory.jsonl")
     step_path = property(lambda self: self.path / "latest_step.json")
+    steps_path = property(lambda self: self.path / "steps.jsonl")
     checkpoints_dir = property(lambda self: self.path / "checkpoints")
     ewc_dir = property(lambda self: self.path / "ewc")
     final_dir = property(lambda self: self.path / "final")
@@ -170,6 +178,39 @@ class RunDir:
     def latest_step(self) -> dict | None:
         """latest_step.json when it has the shape the step view draws, else None."""
         return clean_step(read_json(self.step_path))
+
+    def append_step(self, snapshot: dict, max_bytes: int = STEPS_MAX_BYTES, max_chars: int = STEPS_MAX_CHARS) -> None:
+        """Add one step's groups to steps.jsonl (see the layout above for the bound and what happens past it)."""
+        append_jsonl(self.steps_path, step_record(snapshot, max_chars))
+        try:
+            size = self.steps_path.stat().st_size
+        except OSError:
+            return
+        if size > max_bytes:
+            self._thin_steps(max_bytes)
+
+    def _thin_steps(self, max_bytes: int) -> None:
+        lines = [json.dumps(clean_json(r)) + "\n" for r in self.steps()]
+        size = sum(len(x.encode()) for x in lines)
+        while size > max_bytes * 3 // 4 and len(lines) > 2:
+            half = len(lines) // 2
+            older = lines[1:half]
+            if not older:  # two or three huge steps: keep the first and the latest
+                lines = [lines[0], lines[-1]]
+            else:
+                lines = [lines[0], *older[1::2], *lines[half:]]
+            size = sum(len(x.encode()) for x in lines)
+        if size > max_bytes and len(lines) > 1:
+            lines = lines[-1:]
+        atomic_write_text(self.steps_path, "".join(lines))
+
+    def steps(self) -> list[dict]:
+        """Every recorded step (steps.jsonl), oldest first; a step written twice (resume) counts once, last wins."""
+        by_step: dict[int, dict] = {}
+        for rec in read_jsonl(self.steps_path):
+            if isinstance(rec.get("step"), int) and isinstance(rec.get("groups"), list):
+                by_step[rec["step"]] = rec
+        return [by_step[k] for k in sorted(by_step)]
 
     def truncate_metrics_after(self, step: int) -> int:
         """Drop metric lines past `step` (they will be recomputed on resume); returns how many were dropped."""
@@ -380,6 +421,34 @@ def checkpoint_problem(folder: Path) -> str | None:
         except (OSError, zipfile.BadZipFile):
             return f"{f.name} is truncated or damaged"
     return None
+
+
+def step_record(snapshot: dict, max_chars: int = STEPS_MAX_CHARS) -> dict:
+    """One steps.jsonl line from a step snapshot (`trainer._emit_groups` + the engine's stage fields):
+    completions cut to `max_chars` characters (counted in 'clipped'), the system prompt left out."""
+    clipped = 0
+
+    def cut(text) -> str:
+        nonlocal clipped
+        text = str(text)
+        if len(text) > max_chars:
+            clipped += 1
+            return text[:max_chars] + "…"
+        return text
+
+    groups = [
+        {
+            "problem_id": g.get("problem_id", ""),
+            "question": g.get("question", ""),
+            "answer": g.get("answer", ""),
+            "completions": [cut(c) for c in g.get("completions") or []],
+            **{k: g[k] for k in ("rewards", "totals", "mean", "std", "advantages") if k in g},
+        }
+        for g in snapshot.get("groups") or []
+    ]
+    keys = ("step", "stage", "stage_name", "stage_step", "weights", "scale_rewards")
+    rec = {k: snapshot[k] for k in keys if k in snapshot}
+    return {**rec, "time": time.time(), "groups": groups, "clipped": clipped}
 
 
 def _process_alive(pid, started) -> bool:

@@ -334,6 +334,7 @@ class CurriculumGRPOTrainer(GRPOTrainer):
             groups.append(
                 {
                     "question": str(generation_batch[s].get("question", text(prompts[s]))),
+                    "problem_id": str(generation_batch[s].get("problem_id", "")),
                     "answer": str(generation_batch[s].get("answer", "")),
                     "system": next((m.get("content", "") for m in msgs if m.get("role") == "system"), ""),
                     "completions": [text(comps[i]) for i in rows],
@@ -345,7 +346,14 @@ class CurriculumGRPOTrainer(GRPOTrainer):
                 }
             )
         try:
-            self.on_group({"stage_step": self.state.global_step + 1, "weights": weights, "groups": groups})
+            self.on_group(
+                {
+                    "stage_step": self.state.global_step + 1,
+                    "weights": weights,
+                    "scale_rewards": self.scale_rewards,  # for advantages.what_if: how the advantages were scaled
+                    "groups": groups,
+                }
+            )
         except Exception:  # an observer must never break training
             pass
 

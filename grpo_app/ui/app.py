@@ -64,6 +64,13 @@ CSS = """
   max-height: 9em; overflow-y: auto; }
 .gs-foot td { background: #fafafa; }
 .gs-note, .gs-empty { color: #444; margin-top: 8px; }
+.wi-head, .ans-head { background: #fff8e6; border-radius: 8px; padding: 8px 12px; margin: 6px 0; }
+.wi-table { margin-top: 8px; }
+.wi-comp { font-family: ui-monospace, monospace; font-size: 0.85em; white-space: nowrap; overflow: hidden;
+  text-overflow: ellipsis; max-width: 40em; }
+.ans-trend { width: auto; margin-bottom: 10px; }
+.ans-trend tr.ans-now td { background: #e8f1fa; font-weight: 700; }
+.ans .gs { border-top: 2px solid #ddd; padding-top: 8px; margin-top: 8px; }
 .cards { display: flex; gap: 16px; flex-wrap: wrap; }
 .card { flex: 1 1 280px; border: 1px solid #ddd; border-radius: 10px; padding: 12px 16px; background: #fff; }
 .card-title { font-weight: 700; font-size: 1.1em; }

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
+from ..charts import passk_figure
 from ..evaluation import compare_csv
 from ..exports import write_text_export
 from ..jobs import DONE, QueueFullError
@@ -92,12 +93,25 @@ def create_compare_tab(studio: Studio) -> CompareTab:
         dmax = gr.Number(10, label="Max difficulty (GSM8K)", precision=None, elem_id="compare-dmax")
         seed = gr.Number(0, label="Seed (which problems)", precision=None, elem_id="compare-seed")
         tokens = gr.Number(256, label="Max answer tokens", precision=None, elem_id="compare-tokens")
+    with gr.Row(equal_height=False):
+        pass_k = gr.Number(
+            0,
+            label=f"pass@k samples per problem (0 = off, up to {studio.limits.max_pass_k})",
+            info="Also sample K answers per problem for both models and chart pass@1…K: how much of what a model "
+            "can do in K tries it does on the first.",
+            precision=None,
+            elem_id="compare-passk-n",
+        )
+        pass_t = gr.Number(
+            1.0, label="pass@k temperature", precision=None, elem_id="compare-passk-t", info="between 0.05 and 2"
+        )
     with gr.Row():
         go = gr.Button("Compare", variant="primary", elem_id="compare-btn", scale=2)
         cancel = gr.Button("Cancel", elem_id="compare-cancel", scale=1)
     progress_view = gr.HTML(elem_id="compare-progress")
     summary = gr.HTML(elem_id="compare-summary")
     by_difficulty = gr.Plot(show_label=False, elem_id="compare-chart")
+    passk_plot = gr.Plot(show_label=False, elem_id="compare-passk", visible=False)
     table = gr.Dataframe(
         headers=render.COMPARE_HEADERS,
         datatype=["number", "number", "str", "str", "str", "str", "str", "str"],
@@ -123,25 +137,50 @@ def create_compare_tab(studio: Studio) -> CompareTab:
 
     run.change(on_run, [run], [eval_set], api_visibility="undocumented", show_progress="hidden")
 
-    outputs = [job_id, progress_view, summary, by_difficulty, table, csv_file]
+    passk_json = gr.State(None)  # the pass@k figure of the last comparison (drawn by a follow-up event, so the
+    # /compare API keeps its outputs)
+    outputs = [job_id, progress_view, summary, by_difficulty, table, csv_file, passk_json]
 
     @guard("compare the models")
     def on_compare(
-        mode, run, base, trained, problems, n, min_difficulty, max_difficulty, seed, max_tokens, request: gr.Request
+        mode,
+        run,
+        base,
+        trained,
+        problems,
+        n,
+        min_difficulty,
+        max_difficulty,
+        seed,
+        max_tokens,
+        pass_k_n,
+        pass_temperature,
+        request: gr.Request,
     ):
         skip = gr.skip()
         try:
             spec = studio.compare_spec(
-                mode, run, base, trained, problems, n, min_difficulty, max_difficulty, seed, max_tokens
+                mode,
+                run,
+                base,
+                trained,
+                problems,
+                n,
+                min_difficulty,
+                max_difficulty,
+                seed,
+                max_tokens,
+                pass_k=pass_k_n,
+                pass_temperature=pass_temperature,
             )
         except FormError as e:
-            yield None, _errors_html(e.errors), skip, skip, skip, skip
+            yield None, _errors_html(e.errors), skip, skip, skip, skip, skip
             return
         watcher = getattr(request, "session_hash", None) if request is not None else None
         try:
             job = studio.submit_compare(spec, watcher=watcher)
         except QueueFullError as e:
-            yield None, _errors_html([("queue", f"The evaluation queue is full: {e}")]), skip, skip, skip, skip
+            yield None, _errors_html([("queue", f"The evaluation queue is full: {e}")]), skip, skip, skip, skip, skip
             return
         last = None
         while True:
@@ -151,11 +190,11 @@ def create_compare_tab(studio: Studio) -> CompareTab:
             if job.finished:
                 break
             if html != last:
-                yield job.id, html, skip, skip, skip, skip
+                yield job.id, html, skip, skip, skip, skip, skip
                 last = html
             time.sleep(0.5)
         if job.status != DONE:
-            yield None, render.job_progress_html(job.snapshot()), skip, skip, skip, skip
+            yield None, render.job_progress_html(job.snapshot()), skip, skip, skip, skip, skip
             return
         res = job.result
         csv_path = write_text_export(f"compare-{res.get('key', 'result')}.csv", compare_csv(res))
@@ -170,17 +209,19 @@ def create_compare_tab(studio: Studio) -> CompareTab:
             plot(difficulty_json(res)),
             render.compare_rows(res),
             str(csv_path),
+            passk_figure(res).to_json() if (res.get("base") or {}).get("pass_k") else "",
         )
 
     event = go.click(
         on_compare,
-        [mode, run, base, trained, eval_set, n, dmin, dmax, seed, tokens],
+        [mode, run, base, trained, eval_set, n, dmin, dmax, seed, tokens, pass_k, pass_t],
         outputs,
         api_name="compare",
         concurrency_id="compare",
         concurrency_limit=8,
         show_progress="minimal",
     )
+    event.then(_passk_update, [passk_json], [passk_plot], api_visibility="undocumented", show_progress="hidden")
 
     def on_cancel(jid, request: gr.Request):
         if jid:
@@ -201,6 +242,15 @@ def create_compare_tab(studio: Studio) -> CompareTab:
         return gr.update(choices=ids, value=current if current in ids else (ids[0] if ids else None))
 
     return CompareTab(refresh_fn=refresh, refresh_inputs=[run], refresh_outputs=[run])
+
+
+def _passk_update(figure_json):
+    """The pass@k chart after a comparison: shown when it sampled answers ("" = it did not), else unchanged."""
+    if figure_json is None:
+        return gr.skip()
+    if not figure_json:
+        return gr.update(visible=False)
+    return gr.update(value=plot(figure_json), visible=True)
 
 
 def _errors_html(errors) -> str:

@@ -11,6 +11,7 @@ import math
 from html import escape
 
 from ..monitor import fmt_duration
+from ..step_history import correct_count
 
 STATE_COLORS = {
     "running": "#0072B2",
@@ -149,6 +150,117 @@ def group_choices(step: dict | None) -> list[tuple[str, int]]:
         q = str(g.get("question", ""))
         out.append((f"{i + 1}: {q[:40]}{'…' if len(q) > 40 else ''}", i))
     return out
+
+
+def what_if_html(step: dict | None, group: int, result: dict | None, error: str = "") -> str:
+    """The what-if view of one prompt (an `advantages.what_if` result): each completion's rewards, its new
+    total, and its recorded and what-if advantage side by side, with the new group mean and std."""
+    if error:
+        return f'<div class="gs gs-empty wi-error">⚠ {_e(error)}</div>'
+    if not step or not step.get("groups") or not result:
+        return '<div class="gs gs-empty">When a step has been recorded, change the weights here to recompute it.</div>'
+    groups = step["groups"]
+    group = max(0, min(int(group or 0), len(groups) - 1))
+    recorded = groups[group]
+    weights = result["weights"]
+    names = list(result["rewards"])
+    total_text = " + ".join(f"{w:g} × {_e(k)}" for k, w in weights.items()) or "nothing"
+    g_all = len(recorded.get("completions") or [])
+    scale = {
+        "group": "divided by the group's std (+ 1e-4)",
+        "batch": "divided by the std of the whole step (+ 1e-4)",
+        "none": "not divided (scale_rewards = none)",
+    }.get(result["scale_rewards"], _e(result["scale_rewards"]))
+    computed = (
+        f" Scored now from the text (the run did not use them): {', '.join(_e(c) for c in result['computed'])}."
+        if result.get("computed")
+        else ""
+    )
+    head = (
+        f'<div class="wi-head">Prompt {group + 1} of step {_e(step.get("step", "?"))}: total = {total_text}; the first '
+        f"<b>{result['group_size']}</b> of {g_all} completions; advantage = total − group mean, {scale}. "
+        f"Nothing is trained.{computed}</div>"
+    )
+    ths = "".join(f"<th>{_e(k)}<br><small>× {_fmt(weights.get(k), 2)}</small></th>" for k in names)
+    rows = []
+    rec_adv = recorded.get("advantages") or []
+    for i, comp in enumerate(result["completions"]):
+        flat = " ".join(str(comp).split())
+        short = flat if len(flat) <= 70 else flat[:69] + "…"
+        ra = float(rec_adv[i]) if i < len(rec_adv) else 0.0
+        wa = float(result["advantages"][i])
+        cells = "".join(f'<td class="num">{_fmt(result["rewards"][k][i], 2)}</td>' for k in names)
+        rows.append(
+            f'<tr><td class="num">{i + 1}</td><td class="comp"><div class="wi-comp">{_e(short) or "<i>(empty)</i>"}'
+            f'</div></td>{cells}<td class="num total">{_fmt(result["totals"][i], 2)}</td>'
+            f'<td class="num adv" style="{_adv_style(ra)}">{ra:+.2f}</td>'
+            f'<td class="num adv wi-adv" style="{_adv_style(wa)}">{wa:+.2f}</td></tr>'
+        )
+    foot = (
+        f'<tr class="gs-foot"><td></td><td>what-if group mean <b>{_fmt(result["mean"], 3)}</b> · std '
+        f"<b>{_fmt(result['std'], 3)}</b> (recorded: {_fmt(recorded.get('mean'), 3)} · {_fmt(recorded.get('std'), 3)})"
+        f'</td><td colspan="{len(names) + 3}"></td></tr>'
+    )
+    table = (
+        '<table class="gs-table wi-table"><thead><tr><th>#</th><th>Completion (start)</th>'
+        f"{ths}<th>Total</th><th>Recorded advantage</th><th>What-if advantage</th></tr></thead>"
+        f"<tbody>{''.join(rows)}{foot}</tbody></table>"
+    )
+    return f'<div class="wi">{head}{table}</div>'
+
+
+def answers_problem_html(history: list[dict], pos: int) -> str:
+    """One problem across training: a line per time it was sampled (step, mean total, right answers), then
+    the group at position `pos` (1-based) drawn like the step view."""
+    if not history:
+        return '<div class="gs gs-empty">This problem was not sampled in the recorded steps.</div>'
+    pos = max(1, min(int(pos or 1), len(history)))
+    g0 = history[0]["group"]
+    lines = []
+    for i, h in enumerate(history, 1):
+        g = h["group"]
+        right = _right(g)
+        cls = ' class="ans-now"' if i == pos else ""
+        lines.append(
+            f'<tr{cls}><td class="num">{i}</td><td class="num">{_e(h.get("step"))}</td>'
+            f"<td>{int(h.get('stage', 0)) + 1}: {_e(h.get('stage_name', ''))}</td>"
+            f'<td class="num">{_fmt(g.get("mean"), 2)}</td><td class="num">{_fmt(g.get("std"), 2)}</td>'
+            f'<td class="num">{right}</td></tr>'
+        )
+    trend = (
+        f'<div class="ans-head">Problem <b>{_e(g0.get("problem_id") or "")}</b> was sampled <b>{len(history)}</b> '
+        f"times. Showing time <b>{pos}</b> (step {_e(history[pos - 1].get('step'))}).</div>"
+        '<table class="gs-table ans-trend"><thead><tr><th>Time</th><th>Step</th><th>Stage</th><th>Mean total</th>'
+        f"<th>Std</th><th>Right answers</th></tr></thead><tbody>{''.join(lines)}</tbody></table>"
+    )
+    h = history[pos - 1]
+    step = {**{k: v for k, v in h.items() if k != "group"}, "groups": [h["group"]]}
+    return f'<div class="ans">{trend}{step_html(step, 0)}</div>'
+
+
+def answers_step_html(record: dict | None, pos: int, n_steps: int) -> str:
+    """Every group of one recorded step (position `pos` of `n_steps` recorded), each drawn like the step view."""
+    if not record:
+        return '<div class="gs gs-empty">No step recorded here.</div>'
+    head = (
+        f'<div class="ans-head">Recorded step {int(pos)} of {int(n_steps)}: training step '
+        f"<b>{_e(record.get('step'))}</b>, {len(record.get('groups') or [])} prompts.</div>"
+    )
+    groups = "".join(step_html(record, i) for i in range(len(record.get("groups") or [])))
+    return f'<div class="ans">{head}{groups}</div>'
+
+
+def answers_choices(problems: list[dict]) -> list[tuple[str, str]]:
+    out = [("Every problem of one step (move along the steps)", "")]
+    for p in problems:
+        q = " ".join(str(p.get("question", "")).split())
+        out.append((f"{p['key'][:28]} · sampled {len(p['steps'])}× · {q[:50]}{'…' if len(q) > 50 else ''}", p["key"]))
+    return out
+
+
+def _right(group: dict) -> str:
+    right = correct_count(group)
+    return "–" if right is None else f"{right}/{len(group.get('completions') or [])}"
 
 
 def _clock(t) -> str:

@@ -1,6 +1,7 @@
 """Runs tab: every run under the runs folder — status, preset, stages, final reward, duration — and,
-for one run, its charts, its comparisons, its config.yaml, its trained model as a zip, an export as
-GGUF or safetensors (with a model card) and its push to the Hugging Face Hub, Resume, and Delete (which
+for one run, its charts, its answers across training (one problem's sampled groups step by step, or one
+step's groups, from steps.jsonl), its comparisons, its config.yaml, its trained model as a zip, an export
+as GGUF or safetensors (with a model card) and its push to the Hugging Face Hub, Resume, and Delete (which
 asks for the run id typed out, so nothing is deleted by a stray click)."""
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ def create_runs_tab(studio: Studio) -> RunsTab:
         with gr.Row(equal_height=True):
             length_plot = gr.Plot(show_label=False, elem_id="run-chart-length")
             throughput_plot = gr.Plot(show_label=False, elem_id="run-chart-throughput")
+        answers = _create_answers(studio)
         evals = gr.Dataframe(
             headers=render.EVAL_HEADERS,
             interactive=False,
@@ -139,8 +141,13 @@ def create_runs_tab(studio: Studio) -> RunsTab:
         return [md, *[plot(js[k]) for k in TRAIN_CHARTS], evals_rows, gr.update(visible=True)]
 
     open_outputs = [details, *plot_outputs, evals, detail_box]
-    open_btn.click(on_open, [pick], open_outputs, api_name="open_run", concurrency_limit=None)
-    pick.change(on_open, [pick], open_outputs, api_visibility="undocumented", concurrency_limit=None)
+    open_btn.click(on_open, [pick], open_outputs, api_name="open_run", concurrency_limit=None).then(
+        answers.init, [pick], answers.outputs, api_visibility="undocumented", show_progress="hidden"
+    )
+    pick.change(on_open, [pick], open_outputs, api_visibility="undocumented", concurrency_limit=None).then(
+        answers.init, [pick], answers.outputs, api_visibility="undocumented", show_progress="hidden"
+    )
+    answers.wire(pick)
 
     def on_row(evt: gr.SelectData):
         row = getattr(evt, "row_value", None)
@@ -250,3 +257,90 @@ def create_runs_tab(studio: Studio) -> RunsTab:
     delete_btn.click(on_delete, [pick, confirm], [message, table, pick, confirm], api_name="delete")
 
     return RunsTab(refresh_fn=refresh, refresh_inputs=[pick], refresh_outputs=[table, pick])
+
+
+# ------------------------------------------------------------------------------------------------
+# Answers across training
+# ------------------------------------------------------------------------------------------------
+ANSWERS_HELP = (
+    "Every training step's prompts, sampled answers, rewards and advantages are kept in the run folder. Pick a "
+    "problem and move the slider to see how the model's answers to it changed each time it was sampled, or pick "
+    "*Every problem of one step* and move along the steps."
+)
+
+
+@dataclass
+class AnswersView:
+    init: object
+    outputs: list
+    wire: object
+
+
+def _create_answers(studio: Studio) -> AnswersView:
+    from ..step_history import load_steps, problem_history, problems
+
+    with gr.Accordion("Answers across training", open=True, elem_id="answers-box"):
+        gr.Markdown(ANSWERS_HELP, elem_classes="help")
+        with gr.Row(equal_height=False):
+            problem = gr.Dropdown(
+                [], value=None, label="Problem", allow_custom_value=True, elem_id="answers-problem", scale=2
+            )
+            pos = gr.Slider(1, 2, value=1, step=1, label="Time sampled", elem_id="answers-pos", scale=2)
+        view = gr.HTML(elem_id="answers-view")
+    outputs = [problem, pos, view]
+
+    def steps_of(run_id):
+        return load_steps(studio.get_run(run_id))
+
+    def draw(steps, key, at) -> str:
+        if key:
+            return render.answers_problem_html(problem_history(steps, key), at)
+        at = max(1, min(int(at or 1), len(steps)))
+        return render.answers_step_html(steps[at - 1] if steps else None, at, len(steps))
+
+    def slider_for(steps, key, at=1):
+        n = len(problem_history(steps, key)) if key else len(steps)
+        label = "Time this problem was sampled" if key else "Recorded step"
+        return gr.update(minimum=1, maximum=max(n, 2), value=max(1, min(at, n)), label=label, interactive=n > 1)
+
+    @guard("show the answers across training")
+    def init(run_id):
+        empty = [gr.update(choices=[], value=None), gr.skip(), ""]
+        if not run_id:
+            return empty
+        try:
+            steps = steps_of(run_id)
+        except FormError as e:
+            return [empty[0], gr.skip(), f"⚠ {render._e(e.errors[0][1])}"]
+        if not steps:
+            return [
+                empty[0],
+                gr.skip(),
+                '<div class="gs gs-empty">No step history in this run yet (steps.jsonl is written from the first '
+                "training step on; runs from before it existed keep only their latest step).</div>",
+            ]
+        ps = problems(steps)
+        key = ps[0]["key"]
+        return [gr.update(choices=render.answers_choices(ps), value=key), slider_for(steps, key), draw(steps, key, 1)]
+
+    def wire(pick):
+        @guard("show that problem")
+        def on_problem(run_id, key):
+            steps = steps_of(run_id)
+            return slider_for(steps, key or ""), draw(steps, key or "", 1)
+
+        @guard("show that step")
+        def on_pos(run_id, key, at):
+            return draw(steps_of(run_id), key or "", at)
+
+        problem.input(on_problem, [pick, problem], [pos, view], api_name="answers_problem", concurrency_limit=None)
+        pos.input(
+            on_pos,
+            [pick, problem, pos],
+            [view],
+            api_name="answers_step",
+            concurrency_limit=None,
+            trigger_mode="always_last",
+        )
+
+    return AnswersView(init=init, outputs=outputs, wire=wire)

@@ -56,6 +56,7 @@ class Limits:
     max_upload_mb: int = field(default_factory=lambda: _env_int("GRPO_APP_MAX_UPLOAD_MB", 5, 1, 20))
     max_eval_n: int = field(default_factory=lambda: _env_int("GRPO_APP_MAX_EVAL_N", 500, 1, 5000))
     max_eval_tokens: int = 1024
+    max_pass_k: int = field(default_factory=lambda: _env_int("GRPO_APP_MAX_PASS_K", 16, 1, 64))
     max_try_tokens: int = 512
     eval_pending: int = field(default_factory=lambda: _env_int("GRPO_APP_EVAL_QUEUE", 3, 1, 50))
     eval_idle_s: float = 90.0
@@ -351,11 +352,16 @@ class Studio:
             raise FormError([("run", f"run '{run.id}' has no trained model yet (a run saves one when it completes).")])
         return run
 
-    def compare_spec(self, mode, run_id, base, trained, eval_set, n, dmin, dmax, seed, max_tokens):
+    def compare_spec(
+        self, mode, run_id, base, trained, eval_set, n, dmin, dmax, seed, max_tokens, pass_k=0, pass_temperature=1.0
+    ):
         """The form's values as an `evaluation.CompareSpec`, or a FormError listing every problem."""
         from ..evaluation import CompareSpec
 
         errors: list = []
+        pass_k = forms.parse_int(pass_k, "pass_k", "pass@k samples", errors, 0, self.limits.max_pass_k)
+        if pass_k:
+            pass_temperature = forms.parse_float(pass_temperature, "pass_k", "pass@k temperature", errors, 0.05, 2.0)
         n = forms.parse_int(n, "n", "N (problems)", errors, 1, self.limits.max_eval_n)
         seed = forms.parse_int(seed, "seed", "seed", errors, 0, forms.MAX_SEED)
         dmin = forms.parse_int(dmin, "difficulty", "min difficulty", errors, 0, forms.MAX_DIFFICULTY)
@@ -387,8 +393,10 @@ class Studio:
             raise FormError(errors)
         try:
             if run is not None:
-                return CompareSpec.for_run(run, eval_set, n, seed, tokens, dmin, dmax)
-            return CompareSpec.for_models(names["base"], names["trained"], n, seed, tokens, dmin, dmax)
+                spec = CompareSpec.for_run(run, eval_set, n, seed, tokens, dmin, dmax)
+            else:
+                spec = CompareSpec.for_models(names["base"], names["trained"], n, seed, tokens, dmin, dmax)
+            return spec.with_pass_k(pass_k, pass_temperature) if pass_k else spec
         except ValueError as e:
             raise FormError([("eval_set" if "stage" in str(e) or "problem set" in str(e) else "settings", str(e))]) from None
 

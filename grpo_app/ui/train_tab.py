@@ -199,6 +199,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
         choices=[], value=None, label="Prompt of this step", allow_custom_value=True, elem_id="step-group"
     )
     step_view = gr.HTML(render.step_html(None), elem_id="grpo-step")
+    _create_what_if(studio, group, step_view)
     state = gr.State(None)
 
     form_inputs = [preset, model, gsm8k, upload, stages, num_gen, length, prompts, lr, ewc, lam, lora, seed, run_name]
@@ -421,6 +422,147 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
     return TrainTab(
         studio=studio, inputs=form_inputs, state=state, tick_outputs=tick_outputs, tick_fn=tick, group=group
     )
+
+
+WHAT_IF_HELP = (
+    "GRPO never asks whether an answer is good in absolute terms: it compares each completion with the others "
+    "of its group. Move a weight or shrink the group and the totals, the group's mean and std and every "
+    "advantage are recomputed at once for this prompt, exactly as the trainer computes them (nothing is trained). "
+    "Rewards the run did not use are scored now from the completions' text."
+)
+
+
+def _create_what_if(studio: Studio, group: gr.Dropdown, step_view: gr.HTML) -> None:
+    """The "What if?" box under the step view: a slider per reward function and one for the group size; moving one
+    recomputes the shown prompt's advantages (`advantages.what_if`), no model involved."""
+    from ..advantages import what_if
+    from ..rewards import REWARD_FUNCS, reward_help
+
+    names = list(REWARD_FUNCS)
+    helps = reward_help()
+    with gr.Accordion(
+        "What if? Change the reward weights and see the advantages again", open=True, elem_id="what-if-box"
+    ):
+        gr.Markdown(WHAT_IF_HELP, elem_classes="help")
+        with gr.Row(equal_height=False):
+            sliders = [
+                gr.Slider(
+                    0,
+                    2,
+                    value=0,
+                    step=0.05,
+                    label=name,
+                    info=helps.get(name, "")[:90],
+                    elem_id=f"wi-{name}",
+                    min_width=200,
+                )
+                for name in names
+            ]
+        with gr.Row(equal_height=False):
+            size = gr.Slider(
+                2, 64, value=8, step=1, label="Group size: keep the first n completions", elem_id="wi-size"
+            )
+            reset = gr.Button("Use the run's weights", elem_id="wi-reset", scale=0, min_width=200)
+        out = gr.HTML(render.what_if_html(None, 0, None), elem_id="what-if")
+    applied = gr.State(None)  # the run whose weights the sliders were last set from
+
+    def current():
+        view = studio.view()
+        step = view.get("latest_step")
+        if not step or not step.get("groups"):
+            return view, None
+        return view, step
+
+    def scale_of(view, step) -> str:
+        if step.get("scale_rewards"):
+            return step["scale_rewards"]
+        try:  # a step recorded before the snapshot carried it: the run's setting
+            return studio.get_run(view.get("run_id")).config().grpo.scale_rewards
+        except Exception:  # noqa: BLE001 - TRL's default
+            return "group"
+
+    def recompute(step, view, g, n, weights) -> str:
+        if step is None:
+            return render.what_if_html(None, 0, None)
+        groups = step["groups"]
+        g = min(_group_index(g), len(groups) - 1)
+        n = min(int(n or 2), len(groups[g].get("completions") or []))
+        try:
+            res = what_if(groups[g], weights, group_size=n, scale_rewards=scale_of(view, step), batch_groups=groups)
+        except ValueError as e:
+            return render.what_if_html(step, g, None, str(e))
+        return render.what_if_html(step, g, res)
+
+    @guard("recompute the advantages")
+    def on_change(g, n, *values):
+        view, step = current()
+        return recompute(step, view, g, n, dict(zip(names, values)))
+
+    @guard("load the run's weights")
+    def on_step(g, done, n, *values, force=False):
+        view, step = current()
+        if step is None:
+            return [done, *[gr.skip()] * len(names), gr.skip(), render.what_if_html(None, 0, None)]
+        big = max(len(x.get("completions") or []) for x in step["groups"])
+        if force or done != view.get("run_id"):
+            w = {k: float(v) for k, v in (step.get("weights") or {}).items()}
+            ups = [gr.update(value=w.get(k, 0.0), maximum=max(2.0, w.get(k, 0.0))) for k in names]
+            values, n = [w.get(k, 0.0) for k in names], big
+            return [
+                view.get("run_id"),
+                *ups,
+                gr.update(value=big, maximum=big),
+                recompute(step, view, g, n, dict(zip(names, values))),
+            ]
+        n = min(int(n or big), big)
+        html = recompute(step, view, g, n, dict(zip(names, values)))
+        return [done, *[gr.skip()] * len(names), gr.update(value=n, maximum=big), html]
+
+    inputs = [group, size, *sliders]
+    for c in (*sliders, size):
+        c.input(
+            on_change, inputs, [out], api_visibility="undocumented", show_progress="hidden", trigger_mode="always_last"
+        )
+    group.input(on_change, inputs, [out], api_visibility="undocumented", show_progress="hidden")
+    sync_out = [applied, *sliders, size, out]
+    step_view.change(
+        on_step, [group, applied, size, *sliders], sync_out, api_visibility="undocumented", show_progress="hidden"
+    )
+    reset.click(
+        lambda g, done, n, *v: on_step(g, done, n, *v, force=True),
+        [group, applied, size, *sliders],
+        sync_out,
+        api_visibility="undocumented",
+        show_progress="hidden",
+    )
+    gr.api(_what_if_api(studio), api_name="what_if", concurrency_limit=None)
+
+
+def _what_if_api(studio: Studio):
+    def what_if_api(weights: dict, group: int = 0, group_size: int = 0) -> dict:
+        """The latest step's prompt `group` recomputed with other reward weights ({name: weight}) and only its
+        first `group_size` completions (0 = all): totals, group mean and std, advantages (nothing is trained)."""
+        from ..advantages import what_if
+
+        step = studio.view().get("latest_step")
+        if not step or not step.get("groups"):
+            return {"error": "no step has been recorded yet."}
+        groups = step["groups"]
+        if not 0 <= int(group) < len(groups):
+            return {"error": f"this step has prompts 0..{len(groups) - 1}."}
+        try:
+            res = what_if(
+                groups[int(group)],
+                {str(k): float(v) for k, v in (weights or {}).items()},
+                group_size=int(group_size) or None,
+                scale_rewards=step.get("scale_rewards") or "group",
+                batch_groups=groups,
+            )
+        except (ValueError, TypeError) as e:
+            return {"error": str(e)}
+        return {k: res[k] for k in ("totals", "mean", "std", "advantages", "weights", "group_size", "computed")}
+
+    return what_if_api
 
 
 def _group_index(value) -> int:
