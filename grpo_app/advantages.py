@@ -7,7 +7,7 @@ TRL 1.16 (`GRPOTrainer._generate_and_score_completions`, the default "sum_then_n
               or of every total of the generation batch ("batch")
   advantage = total_i - mean, divided by (std + 1e-4) unless scale_rewards is "none"
 `group_advantages` does the same operations in float32 torch, so with a run's own weights it gives the
-advantages the run recorded (tests/test_advantages.py checks it against a trained step and TRL's `nanstd`).
+advantages the run recorded (tests/test_step_history.py checks it against a trained step and TRL's `nanstd`).
 
 `what_if` is the classroom tool of "Inside a GRPO step": change the reward weights (a reward the run did not
 use is scored now from the completion's text) or keep only the first n completions, and see the totals,
