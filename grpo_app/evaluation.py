@@ -25,7 +25,7 @@ from .answers import extract_answer, has_final_line
 from .config import DEFAULT_SYSTEM_PROMPT, DataConfig, StageConfig
 from .data import Problem, heldout_pool, load_gsm8k
 from .generation import SamplingParams, generate_completions, use_fast_attention
-from .models import load_model, models_root, quantize_int8, resolve_model
+from .models import load_model, model_label, models_root, quantize_int8, resolve_model
 from .prompts import prompt_ids
 from .rewards import is_correct
 
@@ -268,6 +268,8 @@ def compare_models(
     if use_cache and path.is_file():
         res = json.loads(path.read_text())
         res["cached"] = True
+        for role, name in (("base", base), ("trained", trained)):  # (results cached before labels hid folders)
+            res[f"{role}_label"] = model_label(name)
         return res
     problems, origin = eval_problems(settings, data_cfg, exclude_questions)
     result = {
