@@ -118,7 +118,8 @@ class RunDir:
         except OSError:
             return "config.yaml is missing"
         key = (str(self.config_path), st.st_mtime_ns, st.st_size)
-        if key not in _CONFIG_PROBLEMS:
+        problem = _CONFIG_PROBLEMS.get(key, _UNREADABLE)
+        if problem is _UNREADABLE:
             try:
                 self.config()
                 problem = None
@@ -127,7 +128,7 @@ class RunDir:
             if len(_CONFIG_PROBLEMS) > 256:
                 _CONFIG_PROBLEMS.clear()
             _CONFIG_PROBLEMS[key] = problem
-        return _CONFIG_PROBLEMS[key]
+        return problem
 
     def write_status(self, **fields) -> dict:
         st = self.read_status()
@@ -224,7 +225,7 @@ class RunDir:
     def summary(self) -> dict:
         """One line about the run for lists; a damaged run is listed with status 'damaged' and the reason."""
         st = self.read_status()
-        skipped: list[int] = []
+        skipped: list = []
         metrics = self.metrics(skipped)
         last = metrics[-1] if metrics else {}
         try:

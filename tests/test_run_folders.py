@@ -141,6 +141,8 @@ DAMAGE = [
     ("metrics.jsonl", b'{"step": "x", "reward": "r", "rewards": 5}\n', "interrupted", "1 damaged lines"),  # types
     ("metrics.jsonl", b'{"step": 1, "reward": Infinity, "loss": 1e400}\n', "interrupted", "1 damaged lines"),
     ("events.jsonl", b'{"event": 5}\n{"event": "stage_start", "stage": "a"}\n[3]\n', "interrupted", None),
+    ("events.jsonl", b"[" * 100_000 + b"\n", "interrupted", None),  # nested past Python's recursion limit
+    ("status.json", b"[" * 100_000, "damaged", "status.json is not a JSON object"),
     ("memory.jsonl", b'{"time": "x", "rss_mb": "y"}\n\xff\n', "interrupted", None),
     ("latest_step.json", b"[1]", "interrupted", None),  # the step view's record, not an object
     ("latest_step.json", b'{"groups": 5, "step": "x"}', "interrupted", None),
