@@ -14,6 +14,12 @@ A run folder `models/runs/<run_id>/` holds:
 
 A crash at any moment leaves a readable run: JSONL readers skip a torn last line, and a run whose
 status says "running" but whose process is gone is reported as "interrupted".
+
+Run folders are also read as untrusted input. A run id from a page or the command line goes through
+`resolve_run` (a symlinked folder, or one resolving outside the runs folder, is no run); records are checked
+against the types readers rely on (`STATUS_FIELDS`, `METRIC_FIELDS`, ...); a run whose config.yaml or
+status.json cannot be read is "damaged" with the reason; Resume uses the newest checkpoint that passes
+`checkpoint_problem`.
 """
 
 from __future__ import annotations
