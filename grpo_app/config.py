@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import math
 import os
 import re
 import typing
@@ -568,14 +569,18 @@ def _coerce(value: Any, typ: Any, path: str, errors: list) -> Any:
         if isinstance(value, bool):
             errors.append((path, f"expected a number, got {_show(value)}."))
             return None
+        number = None
         if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value) if abs(value) < 1e300 else math.inf
+        elif isinstance(value, str):
             try:
-                return float(value.strip())
+                number = float(value.strip())
             except ValueError:
                 pass
-        errors.append((path, f"expected a number, got {_show(value)}."))
+        if number is not None and math.isfinite(number):
+            return number
+        what = "a finite number (no inf or NaN)" if number is not None else "a number"
+        errors.append((path, f"expected {what}, got {_show(value)}."))
         return None
     if typ is str:
         if isinstance(value, str):

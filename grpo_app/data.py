@@ -246,8 +246,9 @@ def parse_custom_dataset(raw: bytes, filename: str) -> list[Problem]:
                 continue
             try:
                 obj = json.loads(line)
-            except ValueError as e:  # JSONDecodeError, or an integer of more than 4300 digits
-                problems_found.append(f"line {i}: not valid JSON ({getattr(e, 'msg', 'a number too long')})")
+            except (ValueError, RecursionError) as e:  # JSONDecodeError, an integer over 4300 digits, deep nesting
+                why = getattr(e, "msg", "nested too deeply" if isinstance(e, RecursionError) else "a number too long")
+                problems_found.append(f"line {i}: not valid JSON ({why})")
                 continue
             if not isinstance(obj, dict):
                 problems_found.append(f"line {i}: expected an object with question and answer")

@@ -35,7 +35,7 @@ from .answers import extract_answer, has_final_line
 from .config import DEFAULT_SYSTEM_PROMPT, DataConfig, StageConfig
 from .data import Problem, heldout_pool, load_gsm8k
 from .generation import SamplingParams, generate_completions, use_fast_attention
-from .models import load_model, models_root, quantize_int8, resolve_model
+from .models import load_model, model_label, models_root, quantize_int8, resolve_model
 from .prompts import prompt_ids
 from .rewards import is_correct
 
@@ -378,6 +378,8 @@ def compare_models(
     if use_cache and path.is_file():
         res = json.loads(path.read_text())
         res["cached"] = True
+        for role, name in (("base", base), ("trained", trained)):  # (results cached before labels hid folders)
+            res[f"{role}_label"] = model_label(name)
         return res
     problems, origin = eval_problems(settings, data_cfg, exclude_questions)
     result = {
@@ -629,8 +631,7 @@ class CompareSpec:
 
     def label(self) -> str:
         """What is compared, in words a page may show: model names and run ids, never a server path."""
-        trained = f"run {self.run.id}" if self.run is not None else self.trained
-        return f"{self.what}: {self.base} vs {trained}"
+        return f"{self.what}: {model_label(self.base)} vs {model_label(self.trained)}"
 
     def key(self) -> str:
         """Equal for two requests that would compute the same result (used to join a queued job)."""

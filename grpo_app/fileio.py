@@ -91,7 +91,7 @@ def read_jsonl(path: Path, skipped: list[int] | None = None) -> list[dict]:
                     continue
                 try:
                     rec = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):
                     rec = None
                 if isinstance(rec, dict):
                     out.append(rec)
@@ -106,7 +106,7 @@ def read_json(path: Path, default=None):
     """The file's JSON value, or `default` if it is missing, unreadable, not UTF-8 or not JSON."""
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # (UnicodeDecodeError and JSONDecodeError are ValueErrors)
+    except (OSError, ValueError, RecursionError):  # (UnicodeDecodeError and JSONDecodeError are ValueErrors)
         return default
 
 
@@ -129,7 +129,7 @@ def safetensors_header(path: Path) -> dict | None:
             if n <= 0 or n > min(size - 8, 100 * 2**20):
                 return None
             header = json.loads(fh.read(n))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(header, dict):
         return None

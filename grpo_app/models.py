@@ -87,6 +87,25 @@ class ModelSpec:
     label: str  # what to show a person
 
 
+def model_label(name: str) -> str:
+    """What a page shows for a model name, never a server folder: 'run <id>' for a run's trained model
+    (a folder final/ beside a config.yaml), the folder's own name for another folder, the name otherwise."""
+    name = (name or "").strip()
+    if name == "embedded":
+        return EMBEDDED_NAME
+    if name == "tiny-random":
+        return TINY_LABEL
+    if not name.startswith(("/", ".", "~", "\\")):
+        return name
+    p = Path(name).expanduser()
+    if p.name == "final" and (p.parent / "config.yaml").is_file():
+        return f"run {p.parent.name}"
+    return p.name or name
+
+
+TINY_LABEL = "tiny random Llama (untrained, for tests)"
+
+
 def allowed_model_roots() -> list[Path]:
     extra = [Path(p).resolve() for p in os.environ.get("GRPO_APP_MODEL_ROOTS", "").split(os.pathsep) if p]
     return [models_root(), *extra]
@@ -109,7 +128,7 @@ def resolve_model(name: str, restrict_paths: bool = False) -> ModelSpec:
                 return ModelSpec("hub", EMBEDDED_HUB_ID, f"{EMBEDDED_HUB_ID} (hub copy of the embedded model)")
         return ModelSpec("embedded", str(embedded_model_dir()), EMBEDDED_NAME)
     if name == "tiny-random":
-        return ModelSpec("tiny-random", "tiny-random", "tiny random Llama (untrained, for tests)")
+        return ModelSpec("tiny-random", "tiny-random", TINY_LABEL)
     path = Path(name).expanduser()
     if path.is_dir() or name.startswith((".", "/", "~")):
         if ".." in Path(name).parts:
@@ -125,7 +144,7 @@ def resolve_model(name: str, restrict_paths: bool = False) -> ModelSpec:
                 raise ModelError(f"'{name}' is outside the model folders this app may read ({models_root()}).")
         if not (rp / "config.json").is_file():
             raise ModelError(f"folder '{name}' has no config.json; it does not hold a saved model.")
-        return ModelSpec("local", str(rp), str(rp))
+        return ModelSpec("local", str(rp), model_label(str(rp)))
     if HUB_ID_RE.match(name):
         return ModelSpec("hub", name, name)
     raise ModelError(f"'{name}' is not 'embedded', a hub id (owner/name) or an existing folder.")

@@ -19,6 +19,12 @@ A run folder `models/runs/<run_id>/` holds:
 
 A crash at any moment leaves a readable run: JSONL readers skip a torn last line, and a run whose
 status says "running" but whose process is gone is reported as "interrupted".
+
+Run folders are also read as untrusted input. A run id from a page or the command line goes through
+`resolve_run` (a symlinked folder, or one resolving outside the runs folder, is no run); records are checked
+against the types readers rely on (`STATUS_FIELDS`, `METRIC_FIELDS`, ...); a run whose config.yaml or
+status.json cannot be read is "damaged" with the reason; Resume uses the newest checkpoint that passes
+`checkpoint_problem`.
 """
 
 from __future__ import annotations
@@ -126,7 +132,8 @@ class RunDir:
         except OSError:
             return "config.yaml is missing"
         key = (str(self.config_path), st.st_mtime_ns, st.st_size)
-        if key not in _CONFIG_PROBLEMS:
+        problem = _CONFIG_PROBLEMS.get(key, _UNREADABLE)
+        if problem is _UNREADABLE:
             try:
                 self.config()
                 problem = None
@@ -135,7 +142,7 @@ class RunDir:
             if len(_CONFIG_PROBLEMS) > 256:
                 _CONFIG_PROBLEMS.clear()
             _CONFIG_PROBLEMS[key] = problem
-        return _CONFIG_PROBLEMS[key]
+        return problem
 
     def write_status(self, **fields) -> dict:
         st = self.read_status()
@@ -265,7 +272,7 @@ class RunDir:
     def summary(self) -> dict:
         """One line about the run for lists; a damaged run is listed with status 'damaged' and the reason."""
         st = self.read_status()
-        skipped: list[int] = []
+        skipped: list = []
         metrics = self.metrics(skipped)
         last = metrics[-1] if metrics else {}
         try:

@@ -231,3 +231,17 @@ def test_a_long_value_is_cut_in_its_error_message():
 def test_overrides_that_cannot_apply(override, words):
     with pytest.raises(ConfigError, match=words):
         load_config("quick", [override])
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "ewc.lam=.inf",  # YAML's infinity
+        "ewc.lam=.nan",  # and NaN: a float setting never needs either
+        "grpo.learning_rate=1e999",  # text that float() reads as inf
+        "grpo.temperature=-.inf",
+    ],
+)
+def test_float_settings_must_be_finite(override):
+    with pytest.raises(ConfigError, match="finite number"):
+        load_config("quick", [override])

@@ -193,6 +193,7 @@ def test_uploaded_answers_that_are_numbers(answer, gold):
         '"#### 1e999999999"',  # a solution whose final line is not a plain number (it is not 1)
         "true",  # a JSON boolean
         "[1]",  # a list
+        "[" * 100_000,  # nested past Python's recursion limit
     ],
 )
 def test_uploaded_answers_that_are_not_numbers_name_their_row(answer):

@@ -141,6 +141,10 @@ DAMAGE = [
     ("metrics.jsonl", b'{"step": "x", "reward": "r", "rewards": 5}\n', "interrupted", "1 damaged lines"),  # types
     ("metrics.jsonl", b'{"step": 1, "reward": Infinity, "loss": 1e400}\n', "interrupted", "1 damaged lines"),
     ("events.jsonl", b'{"event": 5}\n{"event": "stage_start", "stage": "a"}\n[3]\n', "interrupted", None),
+    ("events.jsonl", b"[" * 100_000 + b"\n", "interrupted", None),  # nested past Python's recursion limit
+    ("status.json", b"[" * 100_000, "damaged", "status.json is not a JSON object"),
+    ("eval/gsm8k-n2-seed0.json", b'{"base": {"summary": {"n": 2, "accuracy": "x", "ci": [0, 1]}}, "trained": '
+     b'{"summary": {"n": 2, "accuracy": 0.5, "ci": [0, 1]}}, "paired": {"p_value": "y"}}', "interrupted", None),
     ("memory.jsonl", b'{"time": "x", "rss_mb": "y"}\n\xff\n', "interrupted", None),
     ("latest_step.json", b"[1]", "interrupted", None),  # the step view's record, not an object
     ("latest_step.json", b'{"groups": 5, "step": "x"}', "interrupted", None),
@@ -159,6 +163,7 @@ def test_a_damaged_run_is_listed_and_every_view_works(tmp_path, capsys, name, co
     root = tmp_path / "runs"
     good = RunDir.create(root, load_config("quick", ["run.name=good"]))
     bad = RunDir.create(root, load_config("quick", ["run.name=zz-bad"]))  # the newest: the Train tab follows it
+    (bad.path / name).parent.mkdir(exist_ok=True)
     (bad.path / name).write_bytes(content)
 
     summary = bad.summary()
@@ -184,6 +189,7 @@ def test_a_damaged_run_is_listed_and_every_view_works(tmp_path, capsys, name, co
         studio.chart_json(opened)
         details = render.run_details_md(studio.get_run(bad.id).summary(), opened["events"])
         assert (reason or "") in details
+        assert render.eval_rows(studio.run_evals(studio.get_run(bad.id))) == []
         monitor.resumable(bad), monitor.resume_target(studio.manager)
     finally:
         studio.shutdown(timeout=5)

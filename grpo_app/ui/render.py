@@ -505,7 +505,7 @@ def eval_rows(results: list[tuple[str, dict]]) -> list[list]:
                     _pct(t["format_rate"]),
                 ]
             )
-        except (KeyError, TypeError, IndexError):
+        except (KeyError, TypeError, IndexError, ValueError):  # a damaged result file: left out
             continue
     return rows
 

@@ -31,7 +31,7 @@ from ..data import DataError, load_gsm8k, make_arithmetic, parse_custom_dataset
 from ..fileio import read_json
 from ..jobs import JobQueue
 from ..manager import RunInProgressError, RunManager
-from ..models import allowed_model_roots
+from ..models import allowed_model_roots, model_label
 from ..monitor import current_view, disk_view, live_view, progress, resume_target
 from ..playground import ModelCache, check_gold, check_question
 from ..runs import RunDir
@@ -417,11 +417,13 @@ class Studio:
         if mode == "run":
             run = self.run_with_model(run_id)
             cfg = run.config()
+            roles = {"base": cfg.model.name, "trained": str(run.final_dir)}
             return {
-                "roles": {"base": cfg.model.name, "trained": str(run.final_dir)},
+                "roles": roles,
+                "labels": {role: model_label(name) for role, name in roles.items()},
                 "weights": dict(cfg.rewards.weights),
                 "system_prompt": cfg.data.system_prompt,
-                "titles": {"base": f"Base: {cfg.model.name}", "trained": f"Trained: {run.id}"},
+                "titles": {"base": f"Base: {model_label(cfg.model.name)}", "trained": f"Trained: {run.id}"},
             }
         if mode == "models":
             errors, roles = [], {}
@@ -432,11 +434,13 @@ class Studio:
                     errors.append((role, f"{role} model: {e.errors[0][1]}"))
             if errors:
                 raise FormError(errors)
+            labels = {role: model_label(name) for role, name in roles.items()}
             return {
                 "roles": roles,
+                "labels": labels,
                 "weights": dict(RewardsConfig().weights),
                 "system_prompt": DEFAULT_SYSTEM_PROMPT,
-                "titles": {"base": f"Model A: {roles['base']}", "trained": f"Model B: {roles['trained']}"},
+                "titles": {"base": f"Model A: {labels['base']}", "trained": f"Model B: {labels['trained']}"},
             }
         raise FormError([("mode", f"unknown mode {mode!r}; use 'run' or 'models'.")])
 

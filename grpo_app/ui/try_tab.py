@@ -97,8 +97,8 @@ def create_try_tab(studio: Studio) -> TryTab:
         titles, roles = setup["titles"], setup["roles"]
         yield (
             '<div class="job">Loading the models…</div>',
-            render.answer_html(titles["base"], roles["base"], None),
-            render.answer_html(titles["trained"], roles["trained"], None),
+            render.answer_html(titles["base"], setup["labels"]["base"], None),
+            render.answer_html(titles["trained"], setup["labels"]["trained"], None),
         )
         loaded = {}
         try:
