@@ -35,6 +35,7 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 
 SOURCES = ("gsm8k", "arithmetic", "gsm_symbolic", "custom")
+MAX_SEED = 2**31 - 1  # seeds feed torch, random and numpy generators; the web form uses the same bound
 LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")
 SCALE_REWARDS = ("group", "batch", "none")
 FISHER_SOURCES = ("sampled", "reference")
@@ -166,6 +167,8 @@ class DataConfig:
                 )
         if len(self.system_prompt) > 4000:
             e.append(("system_prompt", "is longer than 4000 characters; shorten it."))
+        if not 0 <= self.seed <= MAX_SEED:
+            e.append(("seed", f"must be between 0 and {MAX_SEED} (got {_show(self.seed)})."))
         return e
 
 
@@ -420,6 +423,8 @@ class RunConfig:
 
     def check(self, cfg: Config, check_paths: bool = True) -> list[tuple[str, str]]:
         e = []
+        if not 0 <= self.seed <= MAX_SEED:
+            e.append(("seed", f"must be between 0 and {MAX_SEED} (got {_show(self.seed)})."))
         if self.name and not RUN_NAME_RE.match(self.name):
             e.append(("name", f"{_show(self.name)} may use only letters, digits, '-' and '_' (at most 64)."))
         if self.save_every < 0:

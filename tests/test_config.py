@@ -245,3 +245,9 @@ def test_overrides_that_cannot_apply(override, words):
 def test_float_settings_must_be_finite(override):
     with pytest.raises(ConfigError, match="finite number"):
         load_config("quick", [override])
+
+
+@pytest.mark.parametrize("override", ["run.seed=-1", "run.seed=99999999999999999999", "data.seed=4294967296"])
+def test_seeds_out_of_range_are_refused_before_any_model_loads(override):
+    errs = errors_of([override])
+    assert any(p == override.split("=")[0] and "between 0 and 2147483647" in m for p, m in errs), errs

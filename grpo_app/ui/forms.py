@@ -22,6 +22,7 @@ from typing import Any
 from ..config import (
     GSM8K_MODES,
     HUB_ID_RE,
+    MAX_SEED,
     SOURCES,
     SPECIAL_MODELS,
     Config,
@@ -43,7 +44,6 @@ MAX_COMPLETION_TOKENS = 1024
 MAX_PROMPTS_PER_STEP = 32
 MAX_MODEL_NAME = 200
 MAX_RUN_NAME = 64
-MAX_SEED = 2**31 - 1
 STAGE_NAME_RE = re.compile(r"[^\w \-+.()]+")
 
 
