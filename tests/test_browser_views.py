@@ -7,14 +7,12 @@ every step, and a `brevity` reward over 128-token completions, so a random model
 Screenshots go to GRPO_APP_SCREENSHOT_DIR (default: a temp folder).
 """
 
-import os
 import re
-from pathlib import Path
 
 import pytest
 
 from tests.app_server import AppServer, status, wait_for
-from tests.test_browser import CHROMIUM, TIMEOUT_MS, _unavailable
+from tests.test_browser import TIMEOUT_MS, browser, shots  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.browser
 
@@ -33,23 +31,6 @@ run: {save_every: 1, keep_checkpoints: 2}
 
 
 @pytest.fixture(scope="module")
-def browser():
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _unavailable("playwright is not installed")
-    if not Path(CHROMIUM).exists():
-        _unavailable(f"no Chromium at {CHROMIUM}")
-    with sync_playwright() as p:
-        try:
-            b = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
-        except Exception as e:  # noqa: BLE001
-            _unavailable(f"Chromium does not start: {e}")
-        yield b
-        b.close()
-
-
-@pytest.fixture(scope="module")
 def server(tmp_path_factory):
     work = tmp_path_factory.mktemp("views-app")
     configs = work / "configs"
@@ -58,13 +39,6 @@ def server(tmp_path_factory):
     s = AppServer(work, {"GRPO_APP_CONFIGS_DIR": str(configs), "GRPO_APP_DEFAULT_PRESET": "tiny-views"}).start()
     yield s
     s.stop()
-
-
-@pytest.fixture(scope="module")
-def shots(tmp_path_factory) -> Path:
-    d = Path(os.environ.get("GRPO_APP_SCREENSHOT_DIR") or tmp_path_factory.mktemp("screenshots"))
-    d.mkdir(parents=True, exist_ok=True)
-    return d
 
 
 @pytest.fixture(scope="module")

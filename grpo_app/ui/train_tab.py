@@ -304,21 +304,8 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
         seed,
         run_name,
     ):
-        form = TrainForm(
-            preset=preset,
-            model=model,
-            gsm8k=data_source,
-            stages=stages,
-            num_generations=num_generations,
-            max_completion_length=completion_length,
-            prompts_per_step=prompts_per_step,
-            learning_rate=learning_rate,
-            ewc=ewc,
-            ewc_lam=ewc_lambda,
-            lora=lora,
-            seed=seed,
-            run_name=run_name,
-        )
+        form = page_form(preset, model, data_source, stages, num_generations, completion_length, prompts_per_step,
+                         learning_rate, ewc, ewc_lambda, lora, seed, run_name)
         res = studio.start(form, upload)
         return [res.message, *[slot(res.errors.get(s)) for s in SLOTS]]
 
@@ -331,21 +318,8 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
                    learning_rate, ewc, ewc_lambda, lora, seed, run_name):
         from .preview import preview
 
-        form = TrainForm(
-            preset=preset,
-            model=model,
-            gsm8k=data_source,
-            stages=stages,
-            num_generations=num_generations,
-            max_completion_length=completion_length,
-            prompts_per_step=prompts_per_step,
-            learning_rate=learning_rate,
-            ewc=ewc,
-            ewc_lam=ewc_lambda,
-            lora=lora,
-            seed=seed,
-            run_name=run_name,
-        )
+        form = page_form(preset, model, data_source, stages, num_generations, completion_length, prompts_per_step,
+                         learning_rate, ewc, ewc_lambda, lora, seed, run_name)
         try:
             text, command = preview(studio, form, upload)
         except FormError as e:
@@ -563,6 +537,26 @@ def _what_if_api(studio: Studio):
         return {k: res[k] for k in ("totals", "mean", "std", "advantages", "weights", "group_size", "computed")}
 
     return what_if_api
+
+
+def page_form(preset, model, data_source, stages, num_generations, completion_length, prompts_per_step,
+              learning_rate, ewc, ewc_lambda, lora, seed, run_name) -> TrainForm:
+    """The Train form's controls, in the page's order, as the TrainForm that Start and Preview both check."""
+    return TrainForm(
+        preset=preset,
+        model=model,
+        gsm8k=data_source,
+        stages=stages,
+        num_generations=num_generations,
+        max_completion_length=completion_length,
+        prompts_per_step=prompts_per_step,
+        learning_rate=learning_rate,
+        ewc=ewc,
+        ewc_lam=ewc_lambda,
+        lora=lora,
+        seed=seed,
+        run_name=run_name,
+    )
 
 
 def _group_index(value) -> int:
