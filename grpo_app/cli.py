@@ -75,7 +75,7 @@ def _watch(manager, run, second_interrupt_aborts: bool = True) -> str:
                     continue
                 interrupted = True
                 bar.write(
-                    "Stopping at the next step boundary (a checkpoint is saved); "
+                    "Stopping (the step in progress is dropped; the last complete step's checkpoint is kept); "
                     + ("Ctrl-C again to abort." if second_interrupt_aborts else "torchrun ends the processes after 30 s.")
                 )
                 manager.stop()

@@ -23,7 +23,7 @@ STATE_WORDS = {
     "idle": "no run yet",
     "created": "starting",
     "running": "running",
-    "stopping": "stopping after this step",
+    "stopping": "stopping",
     "stopped": "stopped (resumable)",
     "completed": "completed",
     "failed": "failed",

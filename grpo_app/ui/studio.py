@@ -264,9 +264,11 @@ class Studio:
         try:
             if self.manager.stop():
                 rid = self.manager.current_run.id if self.manager.current_run else "?"
+                phase = self.manager.snapshot()["status"].get("phase") or "stopping"
                 return Result(
                     True,
-                    f"Stopping **{rid}** after the current step; it saves a checkpoint you can resume.",
+                    f"Stopping **{rid}** — {_md(phase)}. The last complete step stays as a checkpoint you can "
+                    "resume.",
                     run_id=rid,
                 )
             return Result(False, "No run is training on this server, so there is nothing to stop.")
@@ -615,10 +617,17 @@ class Studio:
         """Stop the training job cleanly (checkpoint) and the evaluations; returns what happened."""
         msg = "no run was training"
         if self.manager.active:
-            rid = self.manager.current_run.id if self.manager.current_run else "?"
+            run = self.manager.current_run
+            rid = run.id if run else "?"
             self.manager.stop()
             done = self.manager.wait(timeout)
-            msg = f"run {rid} stopped with a checkpoint" if done else f"run {rid} did not stop within {timeout:.0f} s"
+            ck = run.latest_checkpoint() if (done and run is not None) else None
+            if not done:
+                msg = f"run {rid} did not stop within {timeout:.0f} s"
+            elif ck is not None:
+                msg = f"run {rid} stopped with a checkpoint (step {ck['global_step']})"
+            else:
+                msg = f"run {rid} stopped before its first step completed, so it has no checkpoint"
         self.evals.shutdown(wait=5.0)
         return msg
 
