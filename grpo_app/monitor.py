@@ -5,8 +5,10 @@ config's plan), total_steps, started, active, plus two change markers: `version`
 anything but the memory samples changed, `mem_version` when memory samples arrived. Pages compare
 them with what they last drew and skip unchanged figures.
 
-The Train tab follows, in order: the job this server runs; otherwise the newest run folder (which
-may be a job of another process, e.g. the CLI, followed through its files); otherwise nothing.
+The Train tab follows, in order: the job this server runs, or the last one it launched (from the Train
+tab or a Resume on the Runs tab; its failure included, even when older run folders are newer); a job
+another process (e.g. the CLI) is running now in a newer folder, followed through its files; on a server
+that launched nothing yet, the newest run folder; otherwise nothing.
 """
 
 from __future__ import annotations
@@ -149,13 +151,16 @@ def disk_view(run: RunDir) -> dict:
 
 
 def current_view(manager: RunManager) -> dict:
-    """The live job of this server, else the newest run folder, else an empty view."""
+    """This server's current or last job; else a newer job running in another process; else the newest
+    run folder; else an empty view (see the module docstring)."""
     if manager.active:
         return live_view(manager)
     runs = manager.runs()
     newest = runs[0] if runs else None
     cur = manager.current_run
-    if cur is not None and cur.config_path.is_file() and (newest is None or newest.id == cur.id):
+    if cur is not None and cur.config_path.is_file():
+        if newest is not None and newest.id != cur.id and newest.effective_status() in ACTIVE:
+            return disk_view(newest)  # another process trains now: that is what is happening on this machine
         return live_view(manager)
     if newest is not None:
         return disk_view(newest)
