@@ -188,7 +188,7 @@ def resume_target(manager: RunManager) -> RunDir | None:
 # ------------------------------------------------------------------------------------------------
 # Progress: stage k/n, step, elapsed, ETA, tokens/s
 # ------------------------------------------------------------------------------------------------
-def _job_start(view: dict) -> float | None:
+def job_start(view: dict) -> float | None:
     """Start of the current (or last) job: the last 'resumed' event, else the run's start."""
     for ev in reversed(view.get("events") or []):
         if ev.get("event") == "resumed":
@@ -205,7 +205,7 @@ def progress(view: dict, now: float | None = None) -> dict:
     stage = st.get("stage", last.get("stage"))
     step = int(last.get("step") or st.get("step") or 0)
     total = int(view.get("total_steps") or st.get("total_steps") or 0)
-    start = _job_start(view)
+    start = job_start(view)
     if view.get("active"):
         elapsed = now - start if start else None
     else:

@@ -187,3 +187,46 @@ def test_train_tab_shows_a_resume_from_the_runs_tab_that_fails_at_once(studio):
     assert "Can't find a valid checkpoint" in st["error"] and "checkpoint-1" in st["error"]
     html = render.status_html(st)
     assert older.id in html and "failed" in html and "Error:" in html
+
+
+def test_status_answer_is_computed_once_per_run_version_for_all_watchers(tmp_path, monkeypatch):
+    """Thirty pages asking between two changes of the run get one computed answer (a cache hit each), the
+    status line and run log likewise; a new metric makes one new answer; a running job's elapsed time still
+    follows the clock."""
+    import os
+
+    import psutil
+
+    import grpo_app.ui.studio as studio_mod
+    from grpo_app.config import load_config
+    from grpo_app.runs import RunDir
+
+    class LiveManager(RunManager):
+        active = True  # a job in progress, without training anything
+
+    mgr = LiveManager(tmp_path / "runs")
+    run = RunDir.create(mgr.root, load_config("tests/configs/tiny.yaml", ["model.name=tiny-random"]))
+    run.write_status(status="running", started=time.time() - 100, pid=os.getpid(),
+                     pid_started=psutil.Process().create_time())
+    mgr._run = run
+    mgr.store.reset(run)
+    studio = Studio(manager=mgr, configs_dir=APP_CONFIGS, view_ttl=0.0)
+
+    computed = []
+    real_progress = studio_mod.progress
+    monkeypatch.setattr(studio_mod, "progress", lambda view, now=None: computed.append(1) or real_progress(view, now))
+    renders = []
+    real_events = studio_mod.render.events_md
+    monkeypatch.setattr(studio_mod.render, "events_md", lambda ev, limit=8: renders.append(1) or real_events(ev, limit))
+
+    answers = [studio.status() for _ in range(30)]
+    lines = {studio.status_line(studio.view()) for _ in range(30)}
+    logs = {studio.events_md(studio.view()) for _ in range(30)}
+    assert len(computed) == 1 and len(renders) == 1  # one computation for thirty watchers
+    assert len(lines) <= 2 and len(logs) == 1  # (the line may pass one second boundary)
+    assert all(a["run_id"] == run.id and a["state"] == "running" for a in answers)
+    assert 99 < answers[0]["elapsed_s"] <= answers[-1]["elapsed_s"] < 200  # the clock still moves
+
+    mgr.store.add_metric({"step": 1, "stage": 0, "stage_name": "s1", "reward": 0.25, "step_seconds": 2.0})
+    after = [studio.status() for _ in range(30)]
+    assert len(computed) == 2 and all(a["last_step"] == 1 and a["reward"] == 0.25 for a in after)
