@@ -12,10 +12,12 @@ temporary runs folder, offline), starts a training run through the app's own /st
    read) and every error (HTTP status, Gradio error event, or no answer within 30 s) is recorded, and the
    step times of the steps that ended in that window.
 
-A page (`--mode page`, the default) polls the way the browser does: the Train tab's timer event (`/poll`,
-with its own session, so the server keeps its per-page state and sends only what changed); a script
-(`--mode status`) calls the `/status` API. Both go through Gradio's HTTP routes as a browser or the
-Python client would (queued events: join + event stream; unqueued: one POST).
+A page (`--mode page`, the default) polls the way the browser does: the Train tab's timer event (`/poll`:
+the status line and three change markers), and when a marker changed, the event that draws that part
+(`/charts`, `/memory_chart`, `/latest_step`), as the page's own change listeners do; the latency reported
+is the poll's, the draws are counted and timed apart. A script (`--mode status`) calls the `/status`
+API. Both go through Gradio's HTTP routes as a browser or the Python client would (queued events: join +
+event stream; unqueued: one POST).
 
 The pages run in this process (asyncio + httpx), on the same machine as the server: their own CPU time
 counts against training, as a worst case. Only 127.0.0.1 is contacted. The model is the tiny random one
@@ -189,21 +191,31 @@ def step_times(metrics_path: Path, t0: float, t1: float) -> list[float]:
 # Pages
 # ------------------------------------------------------------------------------------------------
 class Endpoint:
-    """How a page's poll reaches the server, read from the app's /config."""
+    """How a page's event reaches the server, read from the app's /config."""
+
+    def __init__(self, url: str, name: str, cfg: dict):
+        dep = next(d for d in cfg["dependencies"] if d.get("api_name") == name)
+        self.url, self.name = url, name
+        self.fn_index = dep["id"]
+        self.queued = dep.get("queue") is not False and cfg.get("enable_queue", True)
+        self.trigger_id = (dep.get("targets") or [[None]])[0][0]
+        comps = {c["id"]: c for c in cfg["components"]}
+        # the page sends its inputs: a gr.State as null (the server holds it per session), the prompt picker as 0
+        self.data = [None if comps.get(i, {}).get("type") == "state" else 0 for i in dep.get("inputs", [])]
+
+
+class Page:
+    """The events one simulated page sends."""
+
+    DRAWS = {1: "charts", 2: "memory_chart", 3: "latest_step"}  # /poll output index of a marker -> its event
 
     def __init__(self, url: str, mode: str):
         import httpx
 
         cfg = httpx.get(url + "/config", timeout=30).json()
-        name = "poll" if mode == "page" else "status"
-        dep = next(d for d in cfg["dependencies"] if d.get("api_name") == name)
-        self.url, self.name, self.mode = url, name, mode
-        self.fn_index = dep["id"]
-        self.queued = dep.get("queue") is not False and cfg.get("enable_queue", True)
-        self.trigger_id = (dep.get("targets") or [[None]])[0][0]
-        comps = {c["id"]: c for c in cfg["components"]}
-        # the page sends its inputs: the gr.State (null: the server holds it per session) and the prompt picker
-        self.data = [None if comps.get(i, {}).get("type") == "state" else 0 for i in dep.get("inputs", [])]
+        self.mode = mode
+        self.poll = Endpoint(url, "poll" if mode == "page" else "status", cfg)
+        self.draws = {i: Endpoint(url, name, cfg) for i, name in self.DRAWS.items()} if mode == "page" else {}
 
 
 async def _read_events(resp, want: str | None):
@@ -224,15 +236,16 @@ async def _read_events(resp, want: str | None):
     return False
 
 
-async def poll_once(client, ep: Endpoint, session: str) -> bool:
+async def call(client, ep: Endpoint, session: str, script: bool = False):
+    """One event: (ok, output data or None)."""
     api = f"{ep.url}/gradio_api"
-    if ep.mode == "status":  # a script: the call API (join, then the event's stream)
-        r = await client.post(f"{api}/call/status", json={"data": []})
+    if script:  # a script: the call API (join, then the event's stream)
+        r = await client.post(f"{api}/call/{ep.name}", json={"data": []})
         if r.status_code != 200:
-            return False
+            return False, None
         event_id = r.json()["event_id"]
-        async with client.stream("GET", f"{api}/call/status/{event_id}") as resp:
-            return resp.status_code == 200 and await _read_events(resp, None)
+        async with client.stream("GET", f"{api}/call/{ep.name}/{event_id}") as resp:
+            return resp.status_code == 200 and await _read_events(resp, None), None
     body = {
         "data": ep.data,
         "event_data": None,
@@ -242,58 +255,78 @@ async def poll_once(client, ep: Endpoint, session: str) -> bool:
     }
     if not ep.queued:  # what the page does for an unqueued event: one POST
         r = await client.post(f"{api}/run/{ep.name}", json=body)
-        return r.status_code == 200 and "error" not in r.json()
+        if r.status_code != 200:
+            return False, None
+        res = r.json()
+        return "error" not in res, res.get("data")
     r = await client.post(f"{api}/queue/join", json=body)
     if r.status_code != 200:
-        return False
+        return False, None
     event_id = r.json()["event_id"]
     async with client.stream("GET", f"{api}/queue/data", params={"session_hash": session}) as resp:
-        return resp.status_code == 200 and await _read_events(resp, event_id)
+        return resp.status_code == 200 and await _read_events(resp, event_id), None
 
 
-async def page(client, ep: Endpoint, until: float, out: dict, rng: random.Random) -> None:
+async def timed(coro, out: dict, key: str) -> tuple[bool, object]:
+    t0 = time.perf_counter()
+    try:
+        ok, data = await asyncio.wait_for(coro, ANSWER_TIMEOUT_S)
+    except Exception as e:  # noqa: BLE001 - every failure is counted, by kind
+        ok, data = False, None
+        out["error_kinds"][type(e).__name__] = out["error_kinds"].get(type(e).__name__, 0) + 1
+    if ok:
+        out[key].append(time.perf_counter() - t0)
+    else:
+        out["errors"] += 1
+    return ok, data
+
+
+async def page(client, pg: Page, until: float, out: dict, rng: random.Random) -> None:
     session = uuid.uuid4().hex[:11]
+    marks: dict = {}
     await asyncio.sleep(rng.uniform(0, PERIOD_S))  # pages opened at different moments
     while time.time() < until:
         t0 = time.perf_counter()
-        try:
-            ok = await asyncio.wait_for(poll_once(client, ep, session), ANSWER_TIMEOUT_S)
-        except Exception as e:  # noqa: BLE001 - every failure is counted, by kind
-            ok = False
-            out["error_kinds"][type(e).__name__] = out["error_kinds"].get(type(e).__name__, 0) + 1
-        dt = time.perf_counter() - t0
-        if ok:
-            out["latencies"].append(dt)
-        else:
-            out["errors"] += 1
-        await asyncio.sleep(max(0.0, PERIOD_S - dt))  # the timer fires every period (the next tick waits)
+        ok, data = await timed(call(client, pg.poll, session, script=pg.mode == "status"), out, "latencies")
+        if ok and data:  # a changed marker: the page's change listener asks for that part
+            for i, ep in pg.draws.items():
+                if i < len(data) and marks.get(i) != data[i]:
+                    marks[i] = data[i]
+                    await timed(call(client, ep, session), out, "draws")
+        await asyncio.sleep(max(0.0, PERIOD_S - (time.perf_counter() - t0)))  # the timer's period
+
+
+def quantiles(xs: list[float]) -> dict:
+    xs = sorted(xs)
+
+    def q(p):
+        return round(xs[min(len(xs) - 1, int(p * len(xs)))], 3) if xs else None
+
+    return {"n": len(xs), "p50_s": q(0.5), "p95_s": q(0.95), "max_s": round(xs[-1], 3) if xs else None}
 
 
 async def watch(url: str, mode: str, n: int, seconds: float, seed: int) -> dict:
     import httpx
 
-    ep = Endpoint(url, mode)
-    out = {"latencies": [], "errors": 0, "error_kinds": {}}
+    pg = Page(url, mode)
+    out = {"latencies": [], "draws": [], "errors": 0, "error_kinds": {}}
     limits = httpx.Limits(max_connections=2 * n + 10, max_keepalive_connections=2 * n + 10)
     async with httpx.AsyncClient(timeout=ANSWER_TIMEOUT_S, limits=limits) as client:
         rng = random.Random(seed)
         until = time.time() + seconds
-        await asyncio.gather(*(page(client, ep, until, out, rng) for _ in range(n)))
-    lat = sorted(out["latencies"])
-
-    def q(p):
-        return round(lat[min(len(lat) - 1, int(p * len(lat)))], 3) if lat else None
-
+        await asyncio.gather(*(page(client, pg, until, out, rng) for _ in range(n)))
+    polls = quantiles(out["latencies"])
     return {
         "pages": n,
-        "answers": len(lat),
+        "answers": polls["n"],
         "errors": out["errors"],
         "error_kinds": out["error_kinds"],
-        "p50_s": round(statistics.median(lat), 3) if lat else None,
-        "p95_s": q(0.95),
-        "max_s": round(lat[-1], 3) if lat else None,
-        "answers_per_s": round(len(lat) / seconds, 1),
-        "queued": ep.queued,
+        "p50_s": polls["p50_s"],
+        "p95_s": polls["p95_s"],
+        "max_s": polls["max_s"],
+        "answers_per_s": round(polls["n"] / seconds, 1),
+        "draws": quantiles(out["draws"]) if mode == "page" else None,
+        "queued": pg.poll.queued,
     }
 
 
