@@ -103,6 +103,7 @@ def _event_line(ev: dict) -> str:
 
 def cmd_train(args) -> int:
     from .config import ConfigError, load_config
+    from .estimate import check_step
     from .manager import RunManager
     from .runs import runs_root
 
@@ -111,6 +112,7 @@ def cmd_train(args) -> int:
         if args.name:
             overrides.append(f"run.name={args.name}")
         cfg = load_config(args.config, overrides)
+        check_step(cfg)  # one step must fit this machine's memory and the step-time limit
     except ConfigError as e:
         print("Invalid configuration:\n" + "\n".join(f"  {p}: {m}" for p, m in e.errors), file=sys.stderr)
         return 2

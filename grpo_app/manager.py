@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 
 from .config import Config
+from .estimate import check_step
 from .fileio import append_jsonl, atomic_write_json, read_json
 from .runs import ACTIVE, RunDir, list_runs, runs_root, validate_run_id
 
@@ -205,8 +206,11 @@ class RunManager:
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self, cfg: Config, before_launch=None) -> RunDir:
-        """Create a run folder for `cfg` and train in a background thread (`before_launch(run)` runs first)."""
+        """Create a run folder for `cfg` and train in a background thread (`before_launch(run)` runs first).
+        Raises ConfigError when the settings are invalid, or when one step would not fit this machine's memory
+        or the server's step-time limit (estimate.check_step, with the estimate in the message)."""
         cfg.validate()
+        check_step(cfg)
         with self._lock:
             self._claim()
             try:
