@@ -431,6 +431,7 @@ class _Job:
             precision="bfloat16 autocast" if args.bf16 else "float32",
         )
         reporter.status(stage=k, stage_name=stage.name, phase=f"stage {k + 1}/{len(cfg.stages)}: {stage.name}")
+        _activity(reporter, f"the set-up of stage {k + 1} (none of its steps has begun)")
         from datasets import Dataset
 
         dataset = Dataset.from_list(to_rows(pool.problems, cfg.data.system_prompt))
