@@ -109,7 +109,7 @@ def _watch(manager, run, second_interrupt_aborts: bool = True) -> str:
                     continue
                 interrupted = True
                 bar.write(
-                    "Stopping at the next step boundary (a checkpoint is saved); "
+                    "Stopping (the step in progress is dropped; the last complete step's checkpoint is kept); "
                     + ("Ctrl-C again to abort." if second_interrupt_aborts else "torchrun ends the processes after 30 s.")
                 )
                 manager.stop()
@@ -137,6 +137,7 @@ def _event_line(ev: dict) -> str:
 
 def cmd_train(args) -> int:
     from .config import ConfigError, load_config
+    from .estimate import check_step
     from .manager import RunManager
     from .runs import runs_root
 
@@ -145,6 +146,7 @@ def cmd_train(args) -> int:
         if args.name:
             overrides.append(f"run.name={args.name}")
         cfg = load_config(args.config, overrides)
+        check_step(cfg)  # one step must fit this machine's memory and the step-time limit
     except ConfigError as e:
         _print_config_error(e)
         return 2

@@ -7,8 +7,17 @@ the manager's.
 
 Per stage: draw the stage's problems, build a `CurriculumGRPOTrainer` (a fresh AdamW each stage),
 train `stage.steps` optimizer steps, then (if a later stage follows and EWC is on) estimate the
-diagonal Fisher on the stage's prompts and consolidate it with the anchor weights. Stop requests are
-honoured at the next step boundary with a resumable checkpoint.
+diagonal Fisher on the stage's prompts and consolidate it with the anchor weights.
+
+Stop requests. In a single process a stop takes effect inside a step (trainer.py, departure 7): between
+decode steps of the sampling, and before each micro-batch's forward/backward. That step is abandoned,
+never counted; the run keeps the checkpoint of its last complete step (written at that moment if the
+save schedule had not written it: the optimizer had not stepped, so the weights, the optimizer moments
+and the schedule are exactly that step's, and the random-number states are put back to those of the
+step's start). A stop asked during a Fisher pass abandons that pass (the end-of-stage checkpoint stays;
+Resume redoes the Fisher). With several processes a stop is decided together at the next step end
+(`distributed.any_true` is collective), with a checkpoint of that step. What a stop is waiting for is
+reported through the optional `reporter.activity(text)`.
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ from .models import apply_lora, count_parameters, freeze_embeddings, load_model
 from .prompts import prompt_ids
 from .rewards import build_rewards
 from .runs import RunDir
-from .trainer import CurriculumGRPOTrainer, EngineOptions, restore_forward
+from .trainer import CurriculumGRPOTrainer, EngineOptions, StepAborted, restore_forward
 
 
 class _NullReporter:
@@ -54,6 +63,33 @@ class _NullReporter:
 
     def should_stop(self):
         return False
+
+    def activity(self, text):
+        pass
+
+
+def _activity(reporter, text: str) -> None:
+    """Tell the reporter what the job is doing now, i.e. what a stop asked now would wait for."""
+    fn = getattr(reporter, "activity", None)
+    if fn is not None:
+        fn(text)
+
+
+def step_activity(act: dict, offset: int, in_step: bool) -> str:
+    """What a stop asked now waits for, from the trainer's activity record (stage step -> run step)."""
+    n = offset + int(act.get("stage_step") or 1)
+    kept = f"step {n} is dropped and step {n - 1} is kept" if n > 1 else "no step is complete yet"
+    what = act.get("what")
+    last_micro = what == "micro-batch" and act.get("micro") == act.get("micro_total")
+    if not in_step or what == "update" or last_micro:
+        return f"finishing step {n} and saving its checkpoint"
+    if what == "sampling":
+        return f"ending the sampling of step {n} ({kept})"
+    if what == "scoring":
+        return f"ending the scoring of step {n}'s completions ({kept})"
+    if what == "micro-batch":
+        return f"finishing micro-batch {act.get('micro')}/{act.get('micro_total')} of step {n} ({kept})"
+    return f"reaching a safe point in step {n}"
 
 
 def trackers(cfg: Config) -> list[str]:
@@ -143,9 +179,18 @@ class _EngineCallback(TrainerCallback):
         self.last_gen = {"seconds": 0.0, "tokens": 0, "completions": 0}
         self.stopped = False
         self.proc = psutil.Process()
+        self.rng_at_step_begin = None
 
     def on_train_begin(self, args, state, control, **kw):
         self.last_time = time.time()
+
+    def on_step_begin(self, args, state, control, **kw):
+        self.rng_at_step_begin = _rng_states()  # what an abandoned step's checkpoint puts back (a few KB)
+
+    def on_pre_optimizer_step(self, args, state, control, **kw):
+        tr = self.trainer_ref()
+        if tr is not None:
+            tr._set_activity("update")
 
     def on_step_end(self, args, state, control, **kw):
         if state.global_step >= args.max_steps:
@@ -204,6 +249,25 @@ class _EngineCallback(TrainerCallback):
         }
         self.reporter.metrics(rec)
         self.reporter.status(stage=self.k, stage_name=stage.name, step=steps_done, stage_step=state.global_step)
+
+
+def _rng_states() -> dict:
+    import numpy as np
+
+    out = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.random.get_rng_state_all()
+    return out
+
+
+def _set_rng_states(states: dict) -> None:
+    import numpy as np
+
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.random.set_rng_state(states["cpu"])
+    if "cuda" in states:
+        torch.cuda.random.set_rng_state_all(states["cuda"])
 
 
 def _reference_samples(tokenizer, problems, system_prompt: str, n: int, seed: int):
@@ -318,9 +382,11 @@ class _Job:
         return EWCState.load(folder, lam=self.cfg.ewc.lam, offload=self.ewc_offload(), device=self.device)
 
     # -- the Fisher at a stage end ----------------------------------------------------------------
-    def consolidate(self, k: int, pool, recent: list) -> None:
+    def consolidate(self, k: int, pool, recent: list) -> bool:
+        """The Fisher after stage k, consolidated into the EWC state. False: a stop abandoned the pass."""
         cfg = self.cfg
         self.reporter.status(phase=f"Fisher after stage {k + 1}")
+        _activity(self.reporter, f"ending the Fisher pass after stage {k + 1} (the end-of-stage checkpoint is kept)")
         n = cfg.ewc.fisher_samples
         note = cfg.ewc.fisher_source
         if cfg.ewc.fisher_source == "reference":
@@ -330,7 +396,23 @@ class _Job:
         else:
             samples = _fresh_samples(self.model, self.tok, pool.problems, cfg, n, cfg.run.seed + k)
             note = "sampled (fresh: the run was resumed at this stage end)"
-        fisher, stats = compute_fisher(self.model, samples)
+        asked: list = []
+
+        def stop_asked() -> bool:  # single process only: the Fisher's mean is a collective across processes
+            if self.reporter.should_stop():
+                asked.append(True)
+            return bool(asked)
+
+        try:
+            fisher, stats = compute_fisher(
+                self.model, samples, should_stop=None if distributed.active() else stop_asked
+            )
+        except InterruptedError:  # stopped before its first sample
+            return False
+        if asked:  # cut short: a partial Fisher is never used
+            del fisher
+            gc.collect()
+            return False
         folder = self.run.ewc_dir / f"stage-{k}"
         # (with several processes the Fisher is already their mean: rank 0 writes it, the others read it)
         info = {"stage": k, "name": cfg.stages[k].name, "samples": stats.samples}
@@ -351,6 +433,7 @@ class _Job:
             top=stats.top,
         )
         gc.collect()
+        return True
 
     # -- one stage ---------------------------------------------------------------------------------
     def run_stage(self, k: int, offset: int, device: str, resume_from: str | None):
@@ -372,6 +455,7 @@ class _Job:
             precision="bfloat16 autocast" if args.bf16 else "float32",
         )
         reporter.status(stage=k, stage_name=stage.name, phase=f"stage {k + 1}/{len(cfg.stages)}: {stage.name}")
+        _activity(reporter, f"the set-up of stage {k + 1} (none of its steps has begun)")
         from datasets import Dataset
 
         dataset = Dataset.from_list(to_rows(pool.problems, cfg.data.system_prompt))
@@ -393,6 +477,7 @@ class _Job:
             )
 
         cb = _EngineCallback(cfg, k, offset, reporter, self.t_start, lambda: box.get("t"))
+        in_step = not distributed.active()  # see the module docstring: in-step stops are single-process
         trainer = CurriculumGRPOTrainer(
             model=self.model,
             processing_class=self.tok,
@@ -414,6 +499,8 @@ class _Job:
             ),
             on_group=on_group,
             checkpoint_hook=checkpoint_hook,
+            should_abort=reporter.should_stop if in_step else None,
+            on_activity=lambda act: _activity(reporter, step_activity(act, offset, in_step)),
         )
         trainer.reward_weights = torch.tensor(self.weights, dtype=torch.float32)
         if "tensorboard" in args.report_to:  # one TensorBoard run per stage, inside the run folder
@@ -423,14 +510,39 @@ class _Job:
                 if isinstance(c, TensorBoardCallback):
                     c.logging_dir = str(tensorboard_dir(run, k))
         box["t"] = trainer
-        trainer.train(resume_from_checkpoint=resume_from)
+        stop = None
+        try:
+            trainer.train(resume_from_checkpoint=resume_from)
+            if cb.stopped:
+                stop = {}
+        except StepAborted as e:
+            stop = self.after_abort(trainer, e.where, k, offset, cb)
         if distributed.is_main():
             run.prune_checkpoints(self.cfg.run.keep_checkpoints)
         recent = list(trainer.recent_samples)
         del trainer, box["t"]
         restore_forward(self.model)
         gc.collect()
-        return pool, recent, cb.stopped
+        return pool, recent, stop
+
+    def after_abort(self, trainer, where: dict, k: int, offset: int, cb) -> dict:
+        """A stop abandoned a step of stage k: keep (or write) the checkpoint of the last complete step."""
+        trainer.model.zero_grad(set_to_none=True)  # the abandoned step's partial gradients
+        done = trainer.state.global_step  # complete steps of this stage
+        info = {"during": where.get("what")}
+        if where.get("what") != "between steps":
+            info["abandoned_step"] = offset + int(where.get("stage_step") or done + 1)
+        last = self.run.latest_checkpoint()
+        if done > 0 and (last is None or last["global_step"] < offset + done):
+            # The optimizer has not stepped since step `done` ended: weights, moments and the schedule are that
+            # step's. Its checkpoint is written now, with the random-number states of the abandoned step's start.
+            self.reporter.status(phase=f"stopping: saving the checkpoint of step {offset + done}")
+            _activity(self.reporter, f"saving the checkpoint of step {offset + done}")
+            if cb.rng_at_step_begin is not None:
+                _set_rng_states(cb.rng_at_step_begin)
+            trainer._save_checkpoint(trainer.model, trial=None)
+            info["checkpoint_written_at_stop"] = True
+        return info
 
 
 def train(cfg: Config, run: RunDir, reporter=None, resume: bool = False) -> str:
@@ -446,6 +558,7 @@ def train(cfg: Config, run: RunDir, reporter=None, resume: bool = False) -> str:
     if resume and ck is None:
         raise RuntimeError("no complete checkpoint to resume from")
     reporter.status(status="running", phase="loading model")
+    _activity(reporter, "the model to finish loading")
     job.model, job.tok, job.spec = prepare_model(cfg)
     job.device = next(job.model.parameters()).device
     device = job.device.type
@@ -488,26 +601,35 @@ def train(cfg: Config, run: RunDir, reporter=None, resume: bool = False) -> str:
                     job.ewc = job.load_ewc(run.ewc_dir / f"stage-{k0}")
                 else:
                     pool = stage_pool(cfg.stages[k0], cfg.data, seed=cfg.data.seed + k0)
-                    job.consolidate(k0, pool, [])
+                    if not job.consolidate(k0, pool, []):
+                        reporter.event("stopped", stage=k0, step=ck["global_step"], checkpoint=Path(ck["path"]).name,
+                                       during="fisher")
+                        return "stopped"
             k0 += 1
         else:
             resume_from = ck["path"]
 
     offset = sum(s.steps for s in cfg.stages[:k0])
     for k in range(k0, n_stages):
-        pool, recent, stopped = job.run_stage(k, offset, device, resume_from if k == k0 else None)
-        if stopped:
-            last = run.latest_checkpoint() or {}
+        pool, recent, stop = job.run_stage(k, offset, device, resume_from if k == k0 else None)
+        if stop is not None:
+            last = run.latest_checkpoint()
             reporter.event(
-                "stopped", stage=k, step=last.get("global_step", offset), checkpoint=Path(last.get("path", "")).name
+                "stopped",
+                stage=k,
+                step=last["global_step"] if last else 0,
+                checkpoint=Path(last["path"]).name if last else None,
+                **stop,
             )
             return "stopped"
         offset += cfg.stages[k].steps
         reporter.event("stage_end", stage=k, name=cfg.stages[k].name, step=offset)
         if job.ewc is not None and k < n_stages - 1:
-            job.consolidate(k, pool, recent)
-            if distributed.any_true(reporter.should_stop()):  # asked during the Fisher pass: stop at this boundary
-                reporter.event("stopped", stage=k, step=offset, checkpoint="end of stage")
+            finished = job.consolidate(k, pool, recent)
+            if not finished or distributed.any_true(reporter.should_stop()):  # asked during the Fisher pass
+                reporter.event(
+                    "stopped", stage=k, step=offset, checkpoint="end of stage", **({} if finished else {"during": "fisher"})
+                )
                 return "stopped"
 
     if distributed.active():

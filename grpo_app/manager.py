@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 
 from .config import Config
+from .estimate import check_step
 from .fileio import append_jsonl, atomic_write_json
 from .runs import ACTIVE, RunDir, list_runs, resolve_run, runs_root
 
@@ -151,6 +152,7 @@ class _JobReporter:
 
     def __init__(self, run: RunDir, store: RunStore, stop_event: threading.Event):
         self.run, self.store, self.stop_event = run, store, stop_event
+        self.doing = "starting"  # what a stop asked now waits for (engine `activity`); memory only, no I/O
 
     def event(self, kind: str, **data):
         ev = self.run.append_event(kind, **data)
@@ -173,6 +175,11 @@ class _JobReporter:
     def should_stop(self) -> bool:
         return self.stop_event.is_set()
 
+    def activity(self, text: str) -> None:
+        self.doing = text
+        if self.stop_event.is_set():  # a stop is waiting: the page shows what for, as it changes
+            self.status(phase=f"stopping: {text}")
+
 
 class RunManager:
     def __init__(self, root: str | Path | None = None):
@@ -182,6 +189,7 @@ class RunManager:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._run: RunDir | None = None
+        self._reporter: _JobReporter | None = None
         self._file_lock = _TrainLock(self.root / ".train.lock")
 
     # ---- state --------------------------------------------------------------------------------
@@ -200,8 +208,11 @@ class RunManager:
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self, cfg: Config, before_launch=None) -> RunDir:
-        """Create a run folder for `cfg` and train in a background thread (`before_launch(run)` runs first)."""
+        """Create a run folder for `cfg` and train in a background thread (`before_launch(run)` runs first).
+        Raises ConfigError when the settings are invalid, or when one step would not fit this machine's memory
+        or the server's step-time limit (estimate.check_step, with the estimate in the message)."""
         cfg.validate()
+        check_step(cfg)
         with self._lock:
             self._claim()
             try:
@@ -259,15 +270,15 @@ class RunManager:
             **({} if resume else {"started": time.time()}),
         )
         self.store.update_status(**run.read_status())
+        self._reporter = _JobReporter(run, self.store, self._stop)
         self._thread = threading.Thread(
-            target=self._work, args=(run, resume, self._stop), name=f"train-{run.id}", daemon=True
+            target=self._work, args=(run, resume, self._reporter), name=f"train-{run.id}", daemon=True
         )
         self._thread.start()
 
-    def _work(self, run: RunDir, resume: bool, stop: threading.Event):
+    def _work(self, run: RunDir, resume: bool, reporter: _JobReporter):
         from .engine import train
 
-        reporter = _JobReporter(run, self.store, stop)
 
         def on_mem(sample):
             self.store.add_memory(sample)
@@ -293,24 +304,35 @@ class RunManager:
 
     @staticmethod
     def _evaluate(run: RunDir, cfg: Config, reporter) -> None:
-        """The after-training comparison of the trained model with its base (`run.eval_n` GSM8K problems)."""
+        """The after-training comparison of the trained model with its base (`run.eval_n` GSM8K problems).
+        A stop ends it early: training is complete and its model saved; the Compare tab can score it later."""
         if cfg.run.eval_n <= 0:
             return
         from .evaluation import evaluate_run_vs_base
 
         reporter.status(phase="evaluating base vs trained")
-        res = evaluate_run_vs_base(run, n=cfg.run.eval_n)
+        reporter.activity("ending the base-vs-trained evaluation (training is complete and its model is saved)")
+        try:
+            res = evaluate_run_vs_base(run, n=cfg.run.eval_n, should_stop=reporter.should_stop)
+        except InterruptedError:
+            reporter.event("eval_stopped", n=cfg.run.eval_n)
+            return
         reporter.event("eval_done", **{key: res[key] for key in ("n", "base_accuracy", "trained_accuracy", "p_value")})
 
     def stop(self) -> bool:
-        """Ask the running job to stop at the next step boundary (it saves a checkpoint). False if none runs."""
+        """Ask the running job to stop (in a single process: within the step in progress, see engine.py).
+        Records what the stop waits for. False if no job runs."""
         if not self.active:
             return False
         if not self._stop.is_set():
+            doing = self._reporter.doing if self._reporter is not None else "starting"
             self._stop.set()
             if self._run is not None:
-                self._run.write_status(status="stopping")
-                self.store.update_status(status="stopping")
+                fields = {"status": "stopping", "phase": f"stopping: {doing}", "stop_asked": time.time()}
+                self._run.write_status(**fields)
+                self.store.update_status(**fields)
+                ev = self._run.append_event("stop_requested", waiting_for=doing)
+                self.store.add_event(ev)
         return True
 
     def wait(self, timeout: float | None = None) -> bool:

@@ -5,8 +5,10 @@ config's plan), total_steps, started, active, plus two change markers: `version`
 anything but the memory samples changed, `mem_version` when memory samples arrived. Pages compare
 them with what they last drew and skip unchanged figures.
 
-The Train tab follows, in order: the job this server runs; otherwise the newest run folder (which
-may be a job of another process, e.g. the CLI, followed through its files); otherwise nothing.
+The Train tab follows, in order: the job this server runs, or the last one it launched (from the Train
+tab or a Resume on the Runs tab; its failure included, even when older run folders are newer); a job
+another process (e.g. the CLI) is running now in a newer folder, followed through its files; on a server
+that launched nothing yet, the newest run folder; otherwise nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ STATE_WORDS = {
     "idle": "no run yet",
     "created": "starting",
     "running": "running",
-    "stopping": "stopping after this step",
+    "stopping": "stopping",
     "stopped": "stopped (resumable)",
     "completed": "completed",
     "failed": "failed",
@@ -152,13 +154,16 @@ def disk_view(run: RunDir) -> dict:
 
 
 def current_view(manager: RunManager) -> dict:
-    """The live job of this server, else the newest run folder, else an empty view."""
+    """This server's current or last job; else a newer job running in another process; else the newest
+    run folder; else an empty view (see the module docstring)."""
     if manager.active:
         return live_view(manager)
     runs = manager.runs()
     newest = runs[0] if runs else None
     cur = manager.current_run
-    if cur is not None and cur.config_path.is_file() and (newest is None or newest.id == cur.id):
+    if cur is not None and cur.config_path.is_file():
+        if newest is not None and newest.id != cur.id and newest.effective_status() in ACTIVE:
+            return disk_view(newest)  # another process trains now: that is what is happening on this machine
         return live_view(manager)
     if newest is not None:
         return disk_view(newest)
@@ -186,7 +191,7 @@ def resume_target(manager: RunManager) -> RunDir | None:
 # ------------------------------------------------------------------------------------------------
 # Progress: stage k/n, step, elapsed, ETA, tokens/s
 # ------------------------------------------------------------------------------------------------
-def _job_start(view: dict) -> float | None:
+def job_start(view: dict) -> float | None:
     """Start of the current (or last) job: the last 'resumed' event, else the run's start."""
     for ev in reversed(view.get("events") or []):
         if ev.get("event") == "resumed":
@@ -203,7 +208,7 @@ def progress(view: dict, now: float | None = None) -> dict:
     stage = st.get("stage", last.get("stage"))
     step = int(last.get("step") or st.get("step") or 0)
     total = int(view.get("total_steps") or st.get("total_steps") or 0)
-    start = _job_start(view)
+    start = job_start(view)
     if view.get("active"):
         elapsed = now - start if start else None
     else:

@@ -21,6 +21,13 @@ logging, checkpoints, resume — is TRL's own code):
    step and logged as `ewc_penalty`. With `ewc_after_clip` (the default) its gradient is added to
    the parameters' gradients after clipping, just before the optimizer step.
 6. Checkpoints are written to a staging folder and renamed into place when complete.
+7. A stop asked inside a step (`should_abort`) abandons that step: checked between decode steps of the
+   sampling, after it, and before each micro-batch's forward/backward, it raises `StepAborted` out of
+   TRL's loop. Nothing of the abandoned step is applied (the optimizer has not stepped, so weights,
+   moments and schedule are still those of the last complete step); the engine then keeps, or writes,
+   the checkpoint of the last complete step. Single process only: a stop there is decided collectively
+   at step ends (`distributed.any_true`), and one process leaving a step alone would hang the others.
+   The longest stretch it cannot cut is one micro-batch's forward and backward.
 """
 
 from __future__ import annotations
@@ -42,6 +49,14 @@ from trl import GRPOTrainer
 from .fileio import publish_dir
 from .generation import SamplingParams, generate_completions
 from .optim import AdamWBF16Moments, trim_heap
+
+
+class StepAborted(Exception):
+    """A stop was asked inside a step; the step is abandoned (departure 7). `where` says what it was doing."""
+
+    def __init__(self, where: dict):
+        super().__init__(f"step abandoned during {where.get('what')}")
+        self.where = dict(where)
 
 # TRL's fused LM head projects 32768 positions per chunk: a [32768, vocab] float32 block (and its
 # softmax temporaries) is ~0.5 GB at peak for SmolLM2. 512 positions keep the GEMMs efficient and
@@ -189,6 +204,8 @@ class CurriculumGRPOTrainer(GRPOTrainer):
         engine_options: EngineOptions | None = None,
         on_group=None,
         checkpoint_hook=None,
+        should_abort=None,
+        on_activity=None,
         **kwargs,
     ):
         self.ewc = ewc
@@ -196,6 +213,9 @@ class CurriculumGRPOTrainer(GRPOTrainer):
         self.opts = engine_options or EngineOptions()
         self.on_group = on_group  # callable(dict) with the latest group, after each generation
         self.checkpoint_hook = checkpoint_hook  # callable(folder) to add files before a checkpoint is published
+        self.should_abort = should_abort  # callable() -> bool: abandon the step in progress (7)
+        self.on_activity = on_activity  # callable(dict): what the step is doing now (for a stop to say)
+        self.activity: dict = {"what": "starting"}
         self.recent_samples: deque = deque(maxlen=self.opts.recent_samples)
         self._staging_dir: str | None = None
         self._ewc_step = -1
@@ -241,7 +261,32 @@ class CurriculumGRPOTrainer(GRPOTrainer):
             return self.optimizer
         return super().create_optimizer(model)
 
+    # ---- 7. a stop inside a step ---------------------------------------------------------------------
+    def _set_activity(self, what: str, **extra) -> None:
+        self.activity = {"what": what, "stage_step": self.state.global_step + 1, **extra}
+        if self.on_activity is not None:
+            try:
+                self.on_activity(dict(self.activity))
+            except Exception:  # an observer must never break training
+                pass
+
+    def _abort_requested(self) -> bool:
+        return self.should_abort is not None and bool(self.should_abort())
+
+    def _check_abort(self) -> None:
+        if self._abort_requested():
+            raise StepAborted(self.activity)
+
     def training_step(self, model, inputs, num_items_in_batch):
+        accum = self.args.gradient_accumulation_steps
+        micro = self._step % accum
+        if micro == 0:
+            if self._abort_requested():  # nothing of this step has run yet
+                raise StepAborted({"what": "between steps", "stage_step": self.state.global_step + 1})
+            self._set_activity("sampling")
+        else:
+            self._set_activity("micro-batch", micro=micro + 1, micro_total=accum)
+            self._check_abort()
         out = super().training_step(model, inputs, num_items_in_batch)
         if self.opts.trim_heap:
             trim_heap()  # activations of this micro-batch were just freed
@@ -265,8 +310,15 @@ class CurriculumGRPOTrainer(GRPOTrainer):
         )
         with lora_merged(model, self.opts.merge_lora):
             out = generate_completions(
-                model, self._tokenizer, prompt_ids, params, eos_token_ids=list(self.eos_token_ids)
+                model,
+                self._tokenizer,
+                prompt_ids,
+                params,
+                eos_token_ids=list(self.eos_token_ids),
+                should_stop=self._abort_requested if self.should_abort is not None else None,
             )
+        self._check_abort()  # sampling was cut short (or a stop came just after it): abandon the step
+        self._set_activity("scoring")
         mode = "train" if self.model.training else "eval"
         n = len(out.completion_ids)
         self._metrics[mode]["gen/seconds"].append(out.seconds)
@@ -293,8 +345,10 @@ class CurriculumGRPOTrainer(GRPOTrainer):
         generate_every = self.args.steps_per_generation * self.num_iterations
         if self._step % generate_every == 0 or self._buffered_inputs is None:
             batch = self._generate_and_score_completions(generation_batch)
+            self._check_abort()  # before the first micro-batch's forward/backward
             self._emit_groups(generation_batch)
             self._buffered_inputs = split_tensor_dict(batch, self.args.steps_per_generation)
+            self._set_activity("micro-batch", micro=1, micro_total=self.args.gradient_accumulation_steps)
         return self._buffered_inputs[self._step % self.args.steps_per_generation]
 
     def _emit_groups(self, generation_batch):

@@ -66,13 +66,19 @@ def test_start_second_start_status_stop_resume(client, app_server):  # noqa: F81
     assert st["run_id"] == run_id and st["active"] and st["total_steps"] == 30 and st["n_stages"] == 2
     assert st["stage"] == 1 and st["tokens_per_s"] and st["elapsed_s"] > 0 and st["latest_step_groups"] == 2
 
-    # what a page's timer gets: the status line, the five charts with the recorded steps, the GRPO step
-    poll = client.predict(0, api_name="/poll")
-    status_html, reward = poll[0], json.loads(poll[1]["plot"])
-    assert run_id in status_html and "step <b>" in status_html
+    # what a page's timer gets: the status line and three change markers; a changed marker makes the page ask
+    # for its part: the step charts with the recorded steps and the run log, the memory chart, the GRPO step
+    poll = client.predict(api_name="/poll")
+    status_html, steps_mark = poll[0], poll[1]
+    assert run_id in status_html and "step <b>" in status_html and run_id in steps_mark
+    charts = client.predict(api_name="/charts")
+    reward = json.loads(charts[0]["plot"])
     steps = reward["data"][0]["x"]
     assert len(steps) >= 2 and steps == sorted(steps) and reward["layout"]["uirevision"] == run_id
-    assert "Inside" not in poll[6] and "gs-table" in poll[6]  # the table of the latest group
+    assert "Run log" in charts[4]
+    assert json.loads(client.predict(api_name="/memory_chart")["plot"])["data"]
+    step_view = client.predict(0, api_name="/latest_step")[1]
+    assert "Inside" not in step_view and "gs-table" in step_view  # the table of the latest group
 
     assert "Stopping" in client.predict(api_name="/stop")
     st = wait_for(lambda: (s := status(client))["state"] == "stopped" and s, 300, what="stopped")

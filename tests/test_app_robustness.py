@@ -273,9 +273,10 @@ def test_twenty_watchers_and_two_simultaneous_starts(app_server):  # noqa: F811
             c = app_server.client()
             deadline = time.time() + 300
             while time.time() < deadline:
-                if i % 2 == 0:  # half of them also tick like a page's timer (status line, charts, GRPO step)
-                    out = c.predict(0, api_name="/poll")
-                    assert len(out) == 9
+                if i % 2 == 0:  # half of them also tick like a page's timer (status line, markers, then charts)
+                    out = c.predict(api_name="/poll")
+                    assert len(out) == 4
+                    assert len(c.predict(api_name="/charts")) == 5
                     polls.append(1)
                 st = c.predict(api_name="/status")
                 assert st["run_id"] == run_id
@@ -295,8 +296,9 @@ def test_twenty_watchers_and_two_simultaneous_starts(app_server):  # noqa: F811
     assert errors == []
     assert finals == [8] * 20  # everyone saw the same final step count
     assert len(polls) >= 10
-    last_poll = main.predict(0, api_name="/poll")
-    assert run_id in last_poll[0] and len(json.loads(last_poll[1]["plot"])["data"][0]["x"]) == 8
+    last_poll = main.predict(api_name="/poll")
+    charts = main.predict(api_name="/charts")
+    assert run_id in last_poll[0] and len(json.loads(charts[0]["plot"])["data"][0]["x"]) == 8
 
 
 def test_ctrl_c_stops_the_run_with_a_checkpoint(tmp_path):

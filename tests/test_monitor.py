@@ -102,8 +102,23 @@ def test_current_view_prefers_the_live_job_then_the_newest_folder(tmp_path):
     mgr = FakeManager(tmp_path, run=old, active=True)
     view = monitor.current_view(mgr)
     assert view["run_id"] == old.id and view["live"] and view["active"]
-    mgr.active = False  # the job ended; a newer folder exists (e.g. a CLI run): show that one
-    assert monitor.current_view(mgr)["run_id"] == new.id
+    mgr.active = False  # the job ended: it stays on show although a newer (finished) folder exists
+    assert monitor.current_view(mgr)["run_id"] == old.id
+
+
+def test_the_last_job_of_this_server_is_shown_with_its_failure(tmp_path):
+    """A Resume of an older run (e.g. from the Runs tab) that fails at once: the Train tab shows that failure,
+    not the newest folder's 'completed'; a job another process is running now in a newer folder wins."""
+    old = make_run(tmp_path, name="old", status="failed", error="RuntimeError: checkpoint unreadable")
+    time.sleep(1.1)
+    new = make_run(tmp_path, name="new", n_metrics=2)
+    mgr = FakeManager(tmp_path, run=old, active=False)
+    view = monitor.current_view(mgr)
+    assert view["run_id"] == old.id and view["state"] == "failed" and view["live"]
+    p = monitor.progress(view)
+    assert p["state_text"] == "failed" and "checkpoint unreadable" in p["error"]
+    new.write_status(status="running", pid=os.getpid(), pid_started=psutil.Process().create_time())
+    assert monitor.current_view(mgr)["run_id"] == new.id  # e.g. a CLI run training now
 
 
 def test_a_deleted_current_run_is_not_shown(tmp_path):

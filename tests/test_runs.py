@@ -3,6 +3,7 @@
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -139,38 +140,152 @@ def test_incomplete_checkpoint_is_never_chosen(tmp_path):
     assert run.latest_checkpoint()["stage_step"] == 2
 
 
-def test_stop_during_generation_finishes_that_step_and_saves(runs_dir, varied_reward, monkeypatch):
-    """Stop pressed while step 2 is sampling: step 2 completes, a checkpoint of step 2 is saved, nothing more runs."""
+def test_stop_during_sampling_drops_that_step_and_keeps_the_last_complete_one(runs_dir, varied_reward, monkeypatch):
+    """Stop pressed while step 3 samples with a huge budget: the sampling ends at its next token, step 3 is
+    dropped, and the checkpoint of step 2 (not on the save schedule: written at the stop) holds exactly the
+    weights step 3 was sampling with. Resume then continues from step 2 with no gap."""
     import threading
+
+    from safetensors.torch import load_file
 
     import grpo_app.trainer as trainer_mod
 
     real = trainer_mod.generate_completions
-    calls, generating, stop_pressed = [], threading.Event(), threading.Event()
+    calls, sampling, stop_pressed, seen = [], threading.Event(), threading.Event(), {}
 
-    def held_generation(*args, **kwargs):
+    def huge_third_sampling(model, tokenizer, prompts, params, **kwargs):
         calls.append(1)
-        if len(calls) == 2:  # the second step's sampling: hold it until Stop has been pressed
-            generating.set()
-            assert stop_pressed.wait(120)
-        return real(*args, **kwargs)
+        if len(calls) == 3:  # step 3: a budget no step could finish, and Stop pressed while it samples
+            seen["weights"] = {n: p.detach().clone() for n, p in model.state_dict().items()}
+            seen["should_stop"] = kwargs.get("should_stop")
+            params.max_new_tokens = 10**6
+            params.stop_at_answer = False
+            inner = kwargs.pop("on_tokens", None)
 
-    monkeypatch.setattr(trainer_mod, "generate_completions", held_generation)
-    cfg = tiny_cfg(runs_dir, "stages[0].steps=4", "stages[1].steps=4", "run.save_every=0")
+            def on_tokens(results):
+                if max(len(r) for r in results) == 50:  # well inside the sampling
+                    sampling.set()
+                    assert stop_pressed.wait(120)
+                if inner:
+                    inner(results)
+
+            out = real(model, tokenizer, prompts, params, on_tokens=on_tokens, **kwargs)
+            seen["tokens"] = max(len(c) for c in out.completion_ids)
+            return out
+        return real(model, tokenizer, prompts, params, **kwargs)
+
+    monkeypatch.setattr(trainer_mod, "generate_completions", huge_third_sampling)
+    cfg = tiny_cfg(runs_dir, "stages[0].steps=4", "stages[1].steps=2", "run.save_every=0",
+                   "grpo.max_completion_length=64")
     mgr = RunManager(runs_dir)
     run = mgr.start(cfg)
-    assert generating.wait(300), "training never reached its second generation"
+    assert sampling.wait(300), "training never reached its third sampling"
     assert mgr.stop()
-    assert mgr.snapshot()["status"]["status"] == "stopping"  # shown at once; applied at the step boundary
+    st = mgr.snapshot()["status"]
+    assert st["status"] == "stopping" and "ending the sampling of step 3" in st["phase"], st  # what it waits for
+    t0 = time.time()
     stop_pressed.set()
-    assert mgr.wait(300)
+    assert mgr.wait(60)
+    assert time.time() - t0 < 30, "the stop took effect inside the step"
+    assert seen["tokens"] < 1000 and callable(seen["should_stop"])  # the budget was cut, not exhausted
 
     assert run.read_status()["status"] == "stopped"
-    assert [m["step"] for m in run.metrics()] == [1, 2]  # the step in progress finished; no third step
-    assert len(calls) == 2
+    assert [m["step"] for m in run.metrics()] == [1, 2]  # step 3 never counted
     ck = run.latest_checkpoint()
-    assert ck is not None and ck["global_step"] == 2  # saved on stop although save_every=0
-    assert [e["event"] for e in run.events()].count("stopped") == 1
+    assert ck is not None and ck["global_step"] == 2  # the last complete step (written at the stop)
+    saved = load_file(str(Path(ck["path"]) / "model.safetensors"))
+    assert saved and all(torch.equal(t, seen["weights"][n]) for n, t in saved.items())  # exactly step 2's weights
+    events = run.events()
+    req = [e for e in events if e["event"] == "stop_requested"]
+    assert len(req) == 1 and "sampling of step 3" in req[0]["waiting_for"]
+    stopped = [e for e in events if e["event"] == "stopped"]
+    assert len(stopped) == 1 and stopped[0]["abandoned_step"] == 3 and stopped[0]["during"] == "sampling"
+    assert stopped[0]["step"] == 2 and stopped[0]["checkpoint"] == "checkpoint-2"
+
+    mgr.resume(run.id)
+    assert mgr.wait(300)
+    assert run.read_status()["status"] == "completed"
+    assert [m["step"] for m in run.metrics()] == [1, 2, 3, 4, 5, 6]
+    assert [e for e in run.events() if e["event"] == "resumed"][0]["step"] == 2
+
+
+def test_stop_between_micro_batches_drops_that_step(runs_dir, varied_reward, monkeypatch):
+    """Stop pressed during the first micro-batch's forward/backward of step 2 (two micro-batches a step): the
+    second micro-batch never runs, no optimizer step is taken, and checkpoint 1 (save_every=1) is kept as is."""
+    import threading
+
+    from grpo_app.trainer import CurriculumGRPOTrainer
+
+    real = CurriculumGRPOTrainer._compute_loss
+    calls, in_backward, stop_pressed = [], threading.Event(), threading.Event()
+
+    def held_loss(self, model, inputs):
+        calls.append(self.state.global_step)
+        if len(calls) == 3:  # step 2, micro-batch 1 of 2
+            in_backward.set()
+            assert stop_pressed.wait(120)
+        return real(self, model, inputs)
+
+    monkeypatch.setattr(CurriculumGRPOTrainer, "_compute_loss", held_loss)
+    cfg = tiny_cfg(runs_dir, "stages[0].steps=3", "grpo.micro_batch_size=4")
+    mgr = RunManager(runs_dir)
+    run = mgr.start(cfg)
+    assert in_backward.wait(300)
+    ck1 = run.latest_checkpoint()
+    assert ck1["global_step"] == 1
+    mtime = (Path(ck1["path"]) / "COMPLETE").stat().st_mtime_ns
+    assert mgr.stop()
+    assert "micro-batch 1/2 of step 2" in mgr.snapshot()["status"]["phase"]
+    stop_pressed.set()
+    assert mgr.wait(60)
+
+    assert run.read_status()["status"] == "stopped"
+    assert calls == [0, 0, 1]  # step 1: two micro-batches; step 2: the first only
+    assert [m["step"] for m in run.metrics()] == [1]
+    ck = run.latest_checkpoint()
+    assert ck["global_step"] == 1 and (Path(ck["path"]) / "COMPLETE").stat().st_mtime_ns == mtime  # untouched
+    stopped = [e for e in run.events() if e["event"] == "stopped"][0]
+    assert stopped["abandoned_step"] == 2 and stopped["during"] == "micro-batch" and stopped["step"] == 1
+    assert "checkpoint_written_at_stop" not in stopped
+
+
+def test_stop_during_the_fisher_pass_keeps_the_end_of_stage_checkpoint(runs_dir, varied_reward, monkeypatch):
+    """Stop pressed during the Fisher after stage 1: the pass is abandoned (a partial Fisher is never saved),
+    the end-of-stage checkpoint stays, and Resume redoes the Fisher before stage 2."""
+    import threading
+
+    import grpo_app.ewc as ewc_mod
+
+    real = ewc_mod.sequence_logprob
+    calls, in_fisher, stop_pressed = [], threading.Event(), threading.Event()
+
+    def held(model, prompt, completion):
+        calls.append(1)
+        if len(calls) == 2:
+            in_fisher.set()
+            assert stop_pressed.wait(120)
+        return real(model, prompt, completion)
+
+    monkeypatch.setattr(ewc_mod, "sequence_logprob", held)
+    cfg = tiny_cfg(runs_dir)
+    mgr = RunManager(runs_dir)
+    run = mgr.start(cfg)
+    assert in_fisher.wait(300)
+    assert mgr.stop()
+    assert "Fisher pass after stage 1" in mgr.snapshot()["status"]["phase"]
+    stop_pressed.set()
+    assert mgr.wait(60)
+    assert run.read_status()["status"] == "stopped"
+    assert len(calls) == 2  # no Fisher sample after the stop
+    assert not (run.ewc_dir / "stage-0" / "ewc.json").exists()
+    stopped = [e for e in run.events() if e["event"] == "stopped"][0]
+    assert stopped["during"] == "fisher" and stopped["step"] == 2
+    assert run.latest_checkpoint()["global_step"] == 2
+    monkeypatch.setattr(ewc_mod, "sequence_logprob", real)
+    mgr.resume(run.id)
+    assert mgr.wait(300) and run.read_status()["status"] == "completed"
+    assert (run.ewc_dir / "stage-0" / "ewc.json").is_file()
+    assert [m["step"] for m in run.metrics()] == [1, 2, 3, 4]
 
 
 def test_a_reward_that_raises_marks_the_run_failed_and_the_manager_keeps_working(runs_dir, monkeypatch):

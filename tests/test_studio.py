@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from grpo_app.manager import RunManager
+from grpo_app.ui import render
 from grpo_app.ui.forms import FormError, TrainForm
 from grpo_app.ui.studio import FigureCache, Studio, ViewCache
 
@@ -157,3 +158,75 @@ def test_try_inputs_are_checked(studio):
             studio.check_try_input(*args)
         assert any(text in m for _, m in e.value.errors), (args, e.value.errors)
     assert studio.check_try_input("What is 2+2?", "4", 64) == 64
+
+
+def test_train_tab_shows_a_resume_from_the_runs_tab_that_fails_at_once(studio):
+    """Resume (as the Runs tab asks it) of an older run whose checkpoint cannot be loaded: the job fails at
+    once, and the Train tab's status shows that run failing, with its error, not the newest run 'completed'."""
+    from grpo_app.config import load_config
+    from grpo_app.fileio import atomic_write_json
+    from grpo_app.runs import RunDir
+
+    root = studio.manager.root
+    older = RunDir.create(root, load_config("tests/configs/tiny.yaml", ["model.name=tiny-random", "run.name=older"]))
+    older.write_status(status="stopped", started=time.time() - 60)
+    ck = older.checkpoints_dir / "stage-0" / "checkpoint-1"  # looks complete, holds no weights: cannot load
+    ck.mkdir(parents=True)
+    atomic_write_json(ck / "engine_state.json", {"stage_index": 0, "stage_step": 1, "global_step": 1})
+    (ck / "COMPLETE").write_text("x")
+    time.sleep(1.1)  # run ids carry the time to the second
+    newer = RunDir.create(root, load_config("tests/configs/tiny.yaml", ["model.name=tiny-random", "run.name=newer"]))
+    newer.write_status(status="completed", started=time.time(), ended=time.time())
+    assert studio.status()["run_id"] == newer.id  # nothing launched here yet: the newest folder
+
+    res = studio.resume(older.id)  # what the Runs tab's "Resume this run" calls
+    assert res.ok, res.message
+    assert wait(lambda: not studio.manager.active, 120)
+    st = studio.status()
+    assert st["run_id"] == older.id and st["state"] == "failed" and not st["active"], st
+    assert "Can't find a valid checkpoint" in st["error"] and "checkpoint-1" in st["error"]
+    html = render.status_html(st)
+    assert older.id in html and "failed" in html and "Error:" in html
+
+
+def test_status_answer_is_computed_once_per_run_version_for_all_watchers(tmp_path, monkeypatch):
+    """Thirty pages asking between two changes of the run get one computed answer (a cache hit each), the
+    status line and run log likewise; a new metric makes one new answer; a running job's elapsed time still
+    follows the clock."""
+    import os
+
+    import psutil
+
+    import grpo_app.ui.studio as studio_mod
+    from grpo_app.config import load_config
+    from grpo_app.runs import RunDir
+
+    class LiveManager(RunManager):
+        active = True  # a job in progress, without training anything
+
+    mgr = LiveManager(tmp_path / "runs")
+    run = RunDir.create(mgr.root, load_config("tests/configs/tiny.yaml", ["model.name=tiny-random"]))
+    run.write_status(status="running", started=time.time() - 100, pid=os.getpid(),
+                     pid_started=psutil.Process().create_time())
+    mgr._run = run
+    mgr.store.reset(run)
+    studio = Studio(manager=mgr, configs_dir=APP_CONFIGS, view_ttl=0.0)
+
+    computed = []
+    real_progress = studio_mod.progress
+    monkeypatch.setattr(studio_mod, "progress", lambda view, now=None: computed.append(1) or real_progress(view, now))
+    renders = []
+    real_events = studio_mod.render.events_md
+    monkeypatch.setattr(studio_mod.render, "events_md", lambda ev, limit=8: renders.append(1) or real_events(ev, limit))
+
+    answers = [studio.status() for _ in range(30)]
+    lines = {studio.status_line(studio.view()) for _ in range(30)}
+    logs = {studio.events_md(studio.view()) for _ in range(30)}
+    assert len(computed) == 1 and len(renders) == 1  # one computation for thirty watchers
+    assert len(lines) <= 2 and len(logs) == 1  # (the line may pass one second boundary)
+    assert all(a["run_id"] == run.id and a["state"] == "running" for a in answers)
+    assert 99 < answers[0]["elapsed_s"] <= answers[-1]["elapsed_s"] < 200  # the clock still moves
+
+    mgr.store.add_metric({"step": 1, "stage": 0, "stage_name": "s1", "reward": 0.25, "step_seconds": 2.0})
+    after = [studio.status() for _ in range(30)]
+    assert len(computed) == 2 and all(a["last_step"] == 1 and a["reward"] == 0.25 for a in after)

@@ -4,7 +4,7 @@
 queue, the model cache). `main()` serves it: localhost:7860 by default, 0.0.0.0 on a Hugging Face
 Space (SPACE_ID is set), GRADIO_SERVER_NAME / GRADIO_SERVER_PORT override both. Optional login
 with GRPO_APP_USERNAME / GRPO_APP_PASSWORD. Ctrl-C (SIGINT) or SIGTERM stops a running training at
-its next step with a checkpoint before the process exits; a second Ctrl-C exits at once.
+the step in progress (kept: the checkpoint of the last complete step) before the process exits; a second Ctrl-C exits at once.
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ def main() -> None:
     finally:
         if studio.manager.active:
             print(
-                "Stopping the training run at its next step and saving a checkpoint (Ctrl-C again to quit now)…",
+                "Stopping the training run (within the step in progress; its last complete step is kept) — Ctrl-C again to quit now…",
                 flush=True,
             )
         try:

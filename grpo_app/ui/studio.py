@@ -1,10 +1,11 @@
 """The state every page shares, and the actions pages ask for (no Gradio import).
 
 One `Studio` per server holds the `RunManager` (the one training job), the evaluation queue, the
-models loaded for the Try tab, and two small caches that keep the page cheap for a room full of
-watchers: the current run view is computed at most every `view_ttl` seconds for everybody, and each
-chart is built once per change of the run (`monitor` version markers) and handed to every page as
-ready JSON. The Gradio tabs only translate components to these calls.
+models loaded for the Try tab, and small caches that keep the page cheap for a room full of
+watchers: the current run view is computed at most every `view_ttl` seconds for everybody; each
+chart, the status answer, the status line and the run log are built once per change of the run
+(`monitor` version markers) and handed to every page ready-made (only the elapsed time moves with
+the clock). The Gradio tabs only translate components to these calls.
 """
 
 from __future__ import annotations
@@ -32,10 +33,10 @@ from ..fileio import read_json
 from ..jobs import JobQueue
 from ..manager import RunInProgressError, RunManager
 from ..models import allowed_model_roots, model_label
-from ..monitor import current_view, disk_view, live_view, progress, resume_target
+from ..monitor import current_view, disk_view, job_start, live_view, progress, resume_target
 from ..playground import ModelCache, check_gold, check_question
 from ..runs import RunDir
-from . import forms
+from . import forms, render
 from .forms import FormError, TrainForm
 
 log = logging.getLogger("grpo_app.ui")
@@ -145,6 +146,7 @@ class Studio:
         self.default_preset = self._default_preset_name(default_preset or os.environ.get("GRPO_APP_DEFAULT_PRESET"))
         self.views = ViewCache(self.manager, ttl=view_ttl)
         self.figures = FigureCache()
+        self.answers = FigureCache(size=16)  # status answers, status lines and run logs, per run version
         self.evals = JobQueue(max_pending=self.limits.eval_pending, idle_timeout=self.limits.eval_idle_s, name="eval")
         self.models = ModelCache(capacity=2)
         self.uploads_dir = self.manager.root.parent / "uploads"
@@ -264,9 +266,11 @@ class Studio:
         try:
             if self.manager.stop():
                 rid = self.manager.current_run.id if self.manager.current_run else "?"
+                phase = self.manager.snapshot()["status"].get("phase") or "stopping"
                 return Result(
                     True,
-                    f"Stopping **{rid}** after the current step; it saves a checkpoint you can resume.",
+                    f"Stopping **{rid}** — {_md(phase)}. The last complete step stays as a checkpoint you can "
+                    "resume.",
                     run_id=rid,
                 )
             return Result(False, "No run is training on this server, so there is nothing to stop.")
@@ -302,12 +306,21 @@ class Studio:
     def view(self) -> dict:
         return self.views.get()
 
-    def status(self) -> dict:
-        """JSON-ready status of the run the Train tab shows."""
-        view = self.view()
+    def status(self, view: dict | None = None) -> dict:
+        """JSON-ready status of the run the Train tab shows. Computed once per version of the run for every
+        page (`answers`); only a running job's elapsed time is brought up to the clock per request."""
+        view = view or self.view()
+        answer, start = self.answers.get(("status", view["version"]), lambda: self._status_answer(view))
+        out = dict(answer)
+        if view.get("active") and start:
+            out["elapsed_s"] = max(0.0, time.time() - start)
+        return out
+
+    @staticmethod
+    def _status_answer(view: dict) -> tuple[dict, float | None]:
         p = progress(view)
         last = view["metrics"][-1] if view["metrics"] else {}
-        return {
+        answer = {
             **p,
             "active": bool(view.get("active")),
             "steps_recorded": len(view["metrics"]),
@@ -318,6 +331,26 @@ class Studio:
             "rss_mb": last.get("rss_mb"),
             "latest_step_groups": len((view.get("latest_step") or {}).get("groups") or []),
         }
+        return answer, job_start(view)
+
+    def status_line(self, view: dict) -> str:
+        """The Train tab's status line (HTML), built once per (version, elapsed second) for every page."""
+        st = self.status(view)
+        second = int(st["elapsed_s"]) if st.get("elapsed_s") is not None else None
+        return self.answers.get(("line", view["version"], second), lambda: render.status_html(st))
+
+    @staticmethod
+    def memory_mark(view: dict, every_s: float) -> str:
+        """Changes when the memory chart is worth redrawing: samples arrive every 0.5 s, a page redraws
+        them at most every `every_s` seconds (and with each step)."""
+        mv = view.get("mem_version")
+        if view.get("live") and view.get("active"):
+            return repr((view.get("run_id"), int(time.time() // every_s) if mv and mv[-1] else 0))
+        return repr(mv)
+
+    def events_md(self, view: dict) -> str:
+        """The run log (Markdown), once per version for every page."""
+        return self.answers.get(("events", view["version"]), lambda: render.events_md(view.get("events") or []))
 
     def chart_json(self, view: dict, names=TRAIN_CHARTS) -> dict[str, str]:
         """Plotly JSON of the training charts of `view`, built once per version for every page."""
@@ -547,10 +580,17 @@ class Studio:
         """Stop the training job cleanly (checkpoint) and the evaluations; returns what happened."""
         msg = "no run was training"
         if self.manager.active:
-            rid = self.manager.current_run.id if self.manager.current_run else "?"
+            run = self.manager.current_run
+            rid = run.id if run else "?"
             self.manager.stop()
             done = self.manager.wait(timeout)
-            msg = f"run {rid} stopped with a checkpoint" if done else f"run {rid} did not stop within {timeout:.0f} s"
+            ck = run.latest_checkpoint() if (done and run is not None) else None
+            if not done:
+                msg = f"run {rid} did not stop within {timeout:.0f} s"
+            elif ck is not None:
+                msg = f"run {rid} stopped with a checkpoint (step {ck['global_step']})"
+            else:
+                msg = f"run {rid} stopped before its first step completed, so it has no checkpoint"
         self.evals.shutdown(wait=5.0)
         return msg
 

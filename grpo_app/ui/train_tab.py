@@ -3,20 +3,20 @@
 
 Every page polls with a gr.Timer. A tick reads the studio's shared view (recomputed at most twice
 a second for all pages), sends the status line, and sends a chart only when the run's version
-marker changed since this page last drew it — the figures themselves are built once per change
-for everybody, and carry `uirevision` so a redraw keeps the viewer's zoom. A page opened (or
-reloaded) during a run gets the whole history on its first tick.
+marker changed since this page last drew it — the figures, the status line and the run log are
+built once per change for everybody, and the figures carry `uirevision` so a redraw keeps the
+viewer's zoom. A page opened (or reloaded) during a run gets the whole history on its first tick.
+The tick and the /status API are unqueued (one plain POST each, no queue round trip): they only
+read ready-made answers, so a room of watchers costs the training job little.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import gradio as gr
 
 from ..config import GSM8K_MODES
-from ..monitor import progress
 from . import render
 from .common import guard, plot, slot
 from .forms import SLOTS, STAGE_HEADERS, FormError, TrainForm
@@ -43,19 +43,11 @@ STAGES_HELP = (
 class TrainTab:
     studio: Studio
     inputs: list
-    state: gr.State
     tick_outputs: list
     tick_fn: object
-    group: gr.Dropdown
 
     def attach_load(self, demo: gr.Blocks) -> None:
-        demo.load(
-            self.tick_fn,
-            [self.state, self.group],
-            self.tick_outputs,
-            api_visibility="undocumented",
-            show_progress="hidden",
-        )
+        demo.load(self.tick_fn, None, self.tick_outputs, api_visibility="undocumented", show_progress="hidden")
 
 
 def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
@@ -200,7 +192,8 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
     )
     step_view = gr.HTML(render.step_html(None), elem_id="grpo-step")
     _create_what_if(studio, group, step_view)
-    state = gr.State(None)
+    # change markers (hidden; see the tick): a gr.State's .change would not fire after an unqueued event
+    steps_mark, memory_mark, step_mark = (gr.Textbox(visible=False, elem_id=f"mark-{k}") for k in ("steps", "mem", "step"))
 
     form_inputs = [preset, model, gsm8k, upload, stages, num_gen, length, prompts, lr, ewc, lam, lora, seed, run_name]
     slot_components = {
@@ -227,57 +220,48 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
         "memory": memory_plot,
         "throughput": throughput_plot,
     }
-    tick_outputs = [state, status, *[plots[k] for k in TRAIN_CHARTS], step_view, group, events_md]
+    steps_plots = [plots[k] for k in TRAIN_CHARTS if k != "memory"]
+    tick_outputs = [status, steps_mark, memory_mark, step_mark]
 
-    # ---- the tick: cheap when nothing changed ----------------------------------------------------
+    # ---- the tick: a status line and three change markers ------------------------------------------
+    # Each marker is a hidden Textbox whose .change event (fired only when its value changed) draws its part:
+    # the step charts and run log, the memory chart, the latest GRPO step. A tick itself returns four small
+    # values; no output is ever skipped with gr.update(), which Gradio handles by building a new component.
     @guard("refresh the training view")
-    def tick(st, prompt):
-        st = dict(st or {})
+    def tick():
         view = studio.view()
-        status_value = render.status_html(progress(view))
-        out_status = gr.skip() if st.get("status") == status_value else status_value
-        st["status"] = status_value
-        charts = [gr.skip()] * len(TRAIN_CHARTS)
-        steps_changed = st.get("v") != view["version"]
-        # memory samples arrive every 0.5 s: redraw that chart with each step, else at most every MEMORY_EVERY_S
-        now = time.monotonic()
-        mem_changed = steps_changed or (
-            st.get("mv") != view.get("mem_version") and now - st.get("mt", 0.0) >= MEMORY_EVERY_S
-        )
-        if steps_changed or mem_changed:
-            js = studio.chart_json(view)
-            for i, name in enumerate(TRAIN_CHARTS):
-                if (name == "memory" and mem_changed) or (name != "memory" and steps_changed):
-                    charts[i] = plot(js[name])
-            st["v"] = view["version"]
-            if mem_changed:
-                st["mv"], st["mt"] = view.get("mem_version"), now
-        step = view.get("latest_step")
-        step_id = (view["run_id"], (step or {}).get("step"), (step or {}).get("stage"))
+        step = view.get("latest_step") or {}
+        return [
+            studio.status_line(view),
+            repr(view["version"]),
+            studio.memory_mark(view, MEMORY_EVERY_S),
+            repr((view["run_id"], step.get("step"), step.get("stage"))),
+        ]
+
+    @guard("draw the training charts")
+    def draw_steps():
+        view = studio.view()
+        js = studio.chart_json(view, [k for k in TRAIN_CHARTS if k != "memory"])
+        return [*[plot(js[k]) for k in TRAIN_CHARTS if k != "memory"], studio.events_md(view)]
+
+    @guard("draw the memory chart")
+    def draw_memory():
+        return plot(studio.chart_json(studio.view(), ["memory"])["memory"])
+
+    @guard("show the latest step")
+    def draw_step(prompt):
+        step = studio.view().get("latest_step")
+        choices = render.group_choices(step)
         g = _group_index(prompt)
-        out_step, out_group = gr.skip(), gr.skip()
-        if st.get("step_id") != step_id:
-            choices = render.group_choices(step)
-            g = g if g < len(choices) else 0
-            out_group = gr.update(choices=choices, value=g if choices else None)
-            out_step = render.step_html(step, g)
-            st["step_id"], st["group"] = step_id, g
-        elif st.get("group") != g:
-            out_step = render.step_html(step, g)
-            st["group"] = g
-        out_events = render.events_md(view.get("events") or []) if steps_changed else gr.skip()
-        return [st, out_status, *charts, out_step, out_group, out_events]
+        g = g if g < len(choices) else 0
+        return gr.update(choices=choices, value=g if choices else None), render.step_html(step, g)
 
     timer = gr.Timer(timer_s)
-    timer.tick(
-        tick,
-        [state, group],
-        tick_outputs,
-        api_name="poll",
-        show_progress="hidden",
-        concurrency_limit=None,
-        trigger_mode="always_last",
-    )
+    timer.tick(tick, None, tick_outputs, api_name="poll", show_progress="hidden", queue=False, trigger_mode="always_last")
+    fast = dict(show_progress="hidden", queue=False, trigger_mode="always_last")
+    steps_mark.change(draw_steps, None, [*steps_plots, events_md], api_name="charts", **fast)
+    memory_mark.change(draw_memory, None, [memory_plot], api_name="memory_chart", **fast)
+    step_mark.change(draw_step, [group], [group, step_view], api_name="latest_step", **fast)
 
     @guard("show that prompt")
     def pick_group(prompt):
@@ -311,7 +295,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
 
     start_btn.click(
         on_start, form_inputs, [message, *slot_outputs], api_name="start", concurrency_id="train_control"
-    ).then(tick, [state, group], tick_outputs, show_progress="hidden", api_visibility="undocumented")
+    ).then(tick, None, tick_outputs, show_progress="hidden", api_visibility="undocumented")
 
     @guard("preview the run")
     def on_preview(preset, model, data_source, upload, stages, num_generations, completion_length, prompts_per_step,
@@ -338,7 +322,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
         return studio.stop().message
 
     stop_btn.click(on_stop, None, [message], api_name="stop", concurrency_limit=None).then(
-        tick, [state, group], tick_outputs, show_progress="hidden", api_visibility="undocumented"
+        tick, None, tick_outputs, show_progress="hidden", api_visibility="undocumented"
     )
 
     @guard("resume training")
@@ -346,7 +330,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
         return studio.resume(None).message
 
     resume_btn.click(on_resume, None, [message], api_name="resume", concurrency_id="train_control").then(
-        tick, [state, group], tick_outputs, show_progress="hidden", api_visibility="undocumented"
+        tick, None, tick_outputs, show_progress="hidden", api_visibility="undocumented"
     )
 
     @guard("load the preset")
@@ -391,11 +375,9 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
     upload.upload(on_upload, [upload], [upload_msg, err_upload], api_name="upload")
     upload.clear(lambda: ("", slot(None)), None, [upload_msg, err_upload], api_visibility="undocumented")
 
-    gr.api(_status_api(studio), api_name="status", concurrency_limit=None)
+    gr.api(_status_api(studio), api_name="status", queue=False)
 
-    return TrainTab(
-        studio=studio, inputs=form_inputs, state=state, tick_outputs=tick_outputs, tick_fn=tick, group=group
-    )
+    return TrainTab(studio=studio, inputs=form_inputs, tick_outputs=tick_outputs, tick_fn=tick)
 
 
 WHAT_IF_HELP = (

@@ -1,0 +1,384 @@
+"""Many pages watching one training run: how fast the server answers them, and what they cost training.
+
+    python bench/watchers.py [--pages 30 100] [--seconds 60] [--model tiny|embedded] [--mode page|status]
+                             [--out assets/watchers.json]
+
+It starts the real app (`python app.py`, as tests/app_server.py does: 127.0.0.1 on a free port, a
+temporary runs folder, offline), starts a training run through the app's own /start endpoint, and then:
+
+1. measures the training step time for `--seconds` with no page open (the baseline);
+2. for each N in `--pages`: N simulated pages poll for `--seconds`, each every 1.5 s (the Train tab's
+   timer), their first polls spread over one period; every answer's latency (request sent -> full answer
+   read) and every error (HTTP status, Gradio error event, or no answer within 30 s) is recorded, and the
+   step times of the steps that ended in that window.
+
+A page (`--mode page`, the default) polls the way the browser does: the Train tab's timer event (`/poll`:
+the status line and three change markers), and when a marker changed, the event that draws that part
+(`/charts`, `/memory_chart`, `/latest_step`), as the page's own change listeners do; the latency reported
+is the poll's, the draws are counted and timed apart. A script (`--mode status`) calls the `/status`
+API. Both go through Gradio's HTTP routes as a browser or the Python client would (queued events: join +
+event stream; unqueued: one POST).
+
+The pages run in this process (asyncio + httpx), on the same machine as the server: their own CPU time
+counts against training, as a worst case. Only 127.0.0.1 is contacted. The model is the tiny random one
+(`--model tiny`, seconds per step) or the embedded SmolLM2-135M with the classroom preset's step
+(`--model embedded`). Prints one JSON object; `--out` writes it too. Run it on an otherwise idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import emit  # noqa: E402
+
+PERIOD_S = 1.5  # the Train tab's timer (GRPO_APP_TIMER_S default)
+ANSWER_TIMEOUT_S = 30.0
+
+PRESETS = {
+    "tiny": """preset: bench-watchers
+description: watcher bench - tiny random model
+model: {name: tiny-random}
+stages:
+  - {name: add, source: arithmetic, min_difficulty: 1, max_difficulty: 1, steps: 5000, num_problems: 64}
+rewards:
+  weights: {correctness: 1.0, has_number: 1.0}
+grpo: {num_generations: 4, prompts_per_step: 2, max_completion_length: 24, learning_rate: 0.001}
+ewc: {enabled: false}
+run: {save_every: 0, keep_checkpoints: 1, eval_n: 0}
+""",
+    "embedded": """preset: bench-watchers
+description: watcher bench - embedded SmolLM2-135M, the classroom preset's step
+model: {name: embedded}
+stages:
+  - {name: add, source: arithmetic, min_difficulty: 1, max_difficulty: 1, max_digits: 2, steps: 5000, num_problems: 2048}
+grpo: {num_generations: 8, prompts_per_step: 4, micro_batch_size: 8, max_completion_length: 96}
+ewc: {enabled: false}
+run: {save_every: 0, keep_checkpoints: 1, eval_n: 0}
+""",
+}
+START_ARGS = {  # the /start form, matching each preset
+    "tiny": [["add", "arithmetic", 1, 1, 5000]],
+    "embedded": [["add", "arithmetic", 1, 1, 5000]],
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# The app
+# ------------------------------------------------------------------------------------------------
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_app(work: Path, model: str) -> tuple[subprocess.Popen, str]:
+    from grpo_app.models import cache_root, embedded_model_dir
+
+    embedded_model_dir()  # the tiny model borrows the embedded tokenizer
+    configs = work / "configs"
+    configs.mkdir()
+    (configs / "bench-watchers.yaml").write_text(PRESETS[model])
+    port = free_port()
+    env = dict(os.environ)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONUNBUFFERED="1",
+        GRADIO_SERVER_PORT=str(port),
+        GRADIO_SERVER_NAME="127.0.0.1",
+        GRADIO_TEMP_DIR=str(work / "gradio"),
+        GRPO_APP_RUNS_DIR=str(work / "runs"),
+        GRPO_APP_MODELS_DIR=str(work / "models"),
+        GRPO_APP_CACHE_DIR=str(cache_root()),
+        GRPO_APP_CONFIGS_DIR=str(configs),
+        GRPO_APP_DEFAULT_PRESET="bench-watchers",
+    )
+    env.pop("SPACE_ID", None)
+    log = open(work / "app.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "app.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    url = f"http://127.0.0.1:{port}"
+    import httpx
+
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the app exited:\n{(work / 'app.log').read_text()[-3000:]}")
+        try:
+            if httpx.get(url + "/config", timeout=5).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise SystemExit("the app did not answer within 300 s")
+
+
+def stop_app(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)  # the app stops its run, then exits
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+
+
+def start_training(url: str, model: str) -> str:
+    from gradio_client import Client
+
+    client = Client(url, verbose=False)
+    headers = ["name", "source", "min difficulty", "max difficulty", "steps"]
+    preset = client.predict("bench-watchers", api_name="/preset")
+    args = [
+        "bench-watchers",
+        preset[1],  # model
+        preset[2],  # data source
+        None,
+        {"headers": headers, "data": START_ARGS[model]},
+        preset[4],  # G
+        preset[5],  # completion length
+        preset[6],  # prompts per step
+        preset[7],  # learning rate
+        False,  # EWC (one stage)
+        preset[9],
+        False,  # LoRA
+        preset[11],  # seed
+        "watchers",
+    ]
+    msg = client.predict(*args, api_name="/start")[0]
+    if "Started run" not in msg:
+        raise SystemExit(f"could not start training: {msg}")
+    client.close()
+    return msg.split("**")[1]
+
+
+def step_times(metrics_path: Path, t0: float, t1: float) -> list[float]:
+    """step_seconds of the steps that started and ended inside [t0, t1]."""
+    out = []
+    if not metrics_path.is_file():
+        return out
+    for line in metrics_path.read_text().splitlines():
+        try:
+            m = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        s, end = m.get("step_seconds"), m.get("time")
+        if s and end and t0 <= end - s and end <= t1:
+            out.append(s)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Pages
+# ------------------------------------------------------------------------------------------------
+class Endpoint:
+    """How a page's event reaches the server, read from the app's /config."""
+
+    def __init__(self, url: str, name: str, cfg: dict):
+        dep = next(d for d in cfg["dependencies"] if d.get("api_name") == name)
+        self.url, self.name = url, name
+        self.fn_index = dep["id"]
+        self.queued = dep.get("queue") is not False and cfg.get("enable_queue", True)
+        self.trigger_id = (dep.get("targets") or [[None]])[0][0]
+        comps = {c["id"]: c for c in cfg["components"]}
+        # the page sends its inputs: a gr.State as null (the server holds it per session), the prompt picker as 0
+        self.data = [None if comps.get(i, {}).get("type") == "state" else 0 for i in dep.get("inputs", [])]
+
+
+class Page:
+    """The events one simulated page sends."""
+
+    DRAWS = {1: "charts", 2: "memory_chart", 3: "latest_step"}  # /poll output index of a marker -> its event
+
+    def __init__(self, url: str, mode: str):
+        import httpx
+
+        cfg = httpx.get(url + "/config", timeout=30).json()
+        self.mode = mode
+        self.poll = Endpoint(url, "poll" if mode == "page" else "status", cfg)
+        self.draws = {i: Endpoint(url, name, cfg) for i, name in self.DRAWS.items()} if mode == "page" else {}
+
+
+async def _read_events(resp, want: str | None):
+    """Read an event stream until the event `want` completes (or any completion when want is None)."""
+    async for line in resp.aiter_lines():
+        if not line.startswith("data:"):
+            if line.startswith("event: error"):
+                return False
+            if line.startswith("event: complete"):
+                return True
+            continue
+        try:
+            msg = json.loads(line[5:].strip())
+        except json.JSONDecodeError:
+            continue
+        if isinstance(msg, dict) and msg.get("msg") == "process_completed" and (want is None or msg.get("event_id") == want):
+            return bool(msg.get("success"))
+    return False
+
+
+async def call(client, ep: Endpoint, session: str, script: bool = False):
+    """One event: (ok, output data or None)."""
+    api = f"{ep.url}/gradio_api"
+    if script:  # a script: the call API (join, then the event's stream)
+        r = await client.post(f"{api}/call/{ep.name}", json={"data": []})
+        if r.status_code != 200:
+            return False, None
+        event_id = r.json()["event_id"]
+        async with client.stream("GET", f"{api}/call/{ep.name}/{event_id}") as resp:
+            return resp.status_code == 200 and await _read_events(resp, None), None
+    body = {
+        "data": ep.data,
+        "event_data": None,
+        "fn_index": ep.fn_index,
+        "trigger_id": ep.trigger_id,
+        "session_hash": session,
+    }
+    if not ep.queued:  # what the page does for an unqueued event: one POST
+        r = await client.post(f"{api}/run/{ep.name}", json=body)
+        if r.status_code != 200:
+            return False, None
+        res = r.json()
+        return "error" not in res, res.get("data")
+    r = await client.post(f"{api}/queue/join", json=body)
+    if r.status_code != 200:
+        return False, None
+    event_id = r.json()["event_id"]
+    async with client.stream("GET", f"{api}/queue/data", params={"session_hash": session}) as resp:
+        return resp.status_code == 200 and await _read_events(resp, event_id), None
+
+
+async def timed(coro, out: dict, key: str) -> tuple[bool, object]:
+    t0 = time.perf_counter()
+    try:
+        ok, data = await asyncio.wait_for(coro, ANSWER_TIMEOUT_S)
+    except Exception as e:  # noqa: BLE001 - every failure is counted, by kind
+        ok, data = False, None
+        out["error_kinds"][type(e).__name__] = out["error_kinds"].get(type(e).__name__, 0) + 1
+    if ok:
+        out[key].append(time.perf_counter() - t0)
+    else:
+        out["errors"] += 1
+    return ok, data
+
+
+async def page(client, pg: Page, until: float, out: dict, rng: random.Random) -> None:
+    session = uuid.uuid4().hex[:11]
+    marks: dict = {}
+    await asyncio.sleep(rng.uniform(0, PERIOD_S))  # pages opened at different moments
+    while time.time() < until:
+        t0 = time.perf_counter()
+        ok, data = await timed(call(client, pg.poll, session, script=pg.mode == "status"), out, "latencies")
+        if ok and data:  # a changed marker: the page's change listener asks for that part
+            for i, ep in pg.draws.items():
+                if i < len(data) and marks.get(i) != data[i]:
+                    marks[i] = data[i]
+                    await timed(call(client, ep, session), out, "draws")
+        await asyncio.sleep(max(0.0, PERIOD_S - (time.perf_counter() - t0)))  # the timer's period
+
+
+def quantiles(xs: list[float]) -> dict:
+    xs = sorted(xs)
+
+    def q(p):
+        return round(xs[min(len(xs) - 1, int(p * len(xs)))], 3) if xs else None
+
+    return {"n": len(xs), "p50_s": q(0.5), "p95_s": q(0.95), "max_s": round(xs[-1], 3) if xs else None}
+
+
+async def watch(url: str, mode: str, n: int, seconds: float, seed: int) -> dict:
+    import httpx
+
+    pg = Page(url, mode)
+    out = {"latencies": [], "draws": [], "errors": 0, "error_kinds": {}}
+    limits = httpx.Limits(max_connections=2 * n + 10, max_keepalive_connections=2 * n + 10)
+    async with httpx.AsyncClient(timeout=ANSWER_TIMEOUT_S, limits=limits) as client:
+        rng = random.Random(seed)
+        until = time.time() + seconds
+        await asyncio.gather(*(page(client, pg, until, out, rng) for _ in range(n)))
+    polls = quantiles(out["latencies"])
+    return {
+        "pages": n,
+        "answers": polls["n"],
+        "errors": out["errors"],
+        "error_kinds": out["error_kinds"],
+        "p50_s": polls["p50_s"],
+        "p95_s": polls["p95_s"],
+        "max_s": polls["max_s"],
+        "answers_per_s": round(polls["n"] / seconds, 1),
+        "draws": quantiles(out["draws"]) if mode == "page" else None,
+        "queued": pg.poll.queued,
+    }
+
+
+def median(xs):
+    return round(statistics.median(xs), 3) if xs else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pages", type=int, nargs="+", default=[30, 100])
+    ap.add_argument("--seconds", type=float, default=60.0, help="length of each phase")
+    ap.add_argument("--model", choices=sorted(PRESETS), default="tiny")
+    ap.add_argument("--mode", choices=["page", "status"], default="page")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    if any(n < 1 or n > 500 for n in args.pages) or not 5 <= args.seconds <= 1800:
+        raise SystemExit("--pages between 1 and 500, --seconds between 5 and 1800")
+
+    with tempfile.TemporaryDirectory(prefix="watchers-") as tmp:
+        work = Path(tmp)
+        proc, url = start_app(work, args.model)
+        try:
+            run_id = start_training(url, args.model)
+            metrics = work / "runs" / run_id / "metrics.jsonl"
+            deadline = time.time() + 600
+            while not step_times(metrics, 0, time.time()) and time.time() < deadline:
+                time.sleep(1)  # the model loaded and a first step ended: training is warm
+            t0 = time.time()
+            time.sleep(args.seconds)
+            base = step_times(metrics, t0, time.time())
+            phases = []
+            for i, n in enumerate(args.pages):
+                t0 = time.time()
+                res = asyncio.run(watch(url, args.mode, n, args.seconds, seed=i))
+                steps = step_times(metrics, t0, time.time())
+                res["step_s_median"] = median(steps)
+                res["steps"] = len(steps)
+                if base and steps:
+                    res["training_slowdown"] = round(statistics.median(steps) / statistics.median(base) - 1, 3)
+                phases.append(res)
+        finally:
+            stop_app(proc)
+    result = {
+        "what": f"{args.mode} polls every {PERIOD_S} s from N simulated pages during training ({args.model} model)",
+        "machine": {"cores": os.cpu_count()},
+        "seconds_per_phase": args.seconds,
+        "baseline": {"step_s_median": median(base), "steps": len(base)},
+        "phases": phases,
+        "command": "python bench/watchers.py " + " ".join(sys.argv[1:]),
+    }
+    emit(result, args.out)
+
+
+if __name__ == "__main__":
+    main()
