@@ -141,7 +141,7 @@ def model_shape(name: str) -> dict | None:
             spec = resolve_model(name)
             if spec.kind != "local":
                 return None
-            path = Path(spec.path) / "config.json"
+            path = Path(spec.ref) / "config.json"
         raw = json.loads(path.read_text())
     except (ModelError, OSError, ValueError):
         return None

@@ -499,7 +499,7 @@ def resolve_run(root: Path, run_id: str) -> RunDir:
     root = Path(root).resolve()
     path = root / run_id
     if not _real_run_folder(root, path):
-        raise ValueError(f"no run '{run_id}'.")
+        raise ValueError(f"There is no run '{run_id}'.")
     return RunDir(path)
 
 

@@ -47,7 +47,7 @@ def test_try_names_the_run_not_its_folder(app_and_run):
 def test_compare_names_the_run_not_its_folder(app_and_run):
     fns, run, root = app_and_run
     for mode, base, trained in (("run", None, None), ("models", "tiny-random", run.id)):
-        outputs = list(fns["compare"](mode, run.id, base, trained, "gsm8k", 2, 0, 20, 0, 16, None))
+        outputs = list(fns["compare"](mode, run.id, base, trained, "gsm8k", 2, 0, 20, 0, 16, 0, 1.0, None))
         *_, last = outputs
         assert "Failed" not in str(last[1]), last[1]
         shown = _text([o for o in last if not (isinstance(o, str) and o.endswith(".csv"))])  # (the CSV's temp path)

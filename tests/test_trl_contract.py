@@ -23,7 +23,10 @@ from .conftest import make_tiny
 from .test_trainer import make_trainer
 
 # Methods the subclass adds (not overrides): everything else it defines must exist on TRL's side.
-OWN_METHODS = {"_ewc_grad_hook", "_emit_groups", "_shared_prefix_logps", "_create_optimizer"}
+OWN_METHODS = {
+    "_ewc_grad_hook", "_emit_groups", "_shared_prefix_logps", "_create_optimizer", "_set_activity", "_abort_requested",
+    "_check_abort",
+}
 
 
 def _overrides() -> list[str]:
