@@ -126,10 +126,13 @@ def model_shape(name: str) -> dict | None:
 
     if name in KNOWN_SHAPES:
         return dict(KNOWN_SHAPES[name])
-    if name == "tiny-random":
-        return dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2, vocab_size=49152, tie_word_embeddings=True)  # models.tiny_config
-    from .models import ModelError, cache_root, resolve_model
+    from .models import ModelError, cache_root, resolve_model, tiny_config
+
+    if name == "tiny-random":  # the tiny test model's own config (with the embedded tokenizer's vocabulary)
+        tiny = tiny_config(49152)
+        keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "vocab_size", "tie_word_embeddings")
+        return {k: getattr(tiny, k) for k in keys}
 
     try:
         if name == "embedded":
