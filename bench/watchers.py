@@ -1,14 +1,16 @@
 """Many pages watching one training run: how fast the server answers them, and what they cost training.
 
-    python bench/watchers.py [--pages 30 100] [--seconds 60] [--model tiny|embedded] [--mode page|status]
+    python bench/watchers.py [--pages 30 100] [--seconds 60] [--model tiny|embedded|embedded-short]
+                             [--mode page|status]
                              [--out assets/watchers.json]
 
 It starts the real app (`python app.py`, as tests/app_server.py does: 127.0.0.1 on a free port, a
 temporary runs folder, offline), starts a training run through the app's own /start endpoint, and then:
 
 1. measures the training step time for `--seconds` with no page open (the baseline);
-2. for each N in `--pages`: N simulated pages poll for `--seconds`, each every 1.5 s (the Train tab's
-   timer), their first polls spread over one period; every answer's latency (request sent -> full answer
+2. for each N in `--pages`: N simulated pages poll for `--seconds`, each at the period the server's
+   last answer set (the Train tab's timer: 1.5 s, longer when many pages watch, `grpo_app/ui/pacing.py`),
+   their first polls spread over 1.5 s; every answer's latency (request sent -> full answer
    read) and every error (HTTP status, Gradio error event, or no answer within 30 s) is recorded, and the
    step times of the steps that ended in that window.
 
@@ -22,7 +24,9 @@ event stream; unqueued: one POST).
 The pages run in this process (asyncio + httpx), on the same machine as the server: their own CPU time
 counts against training, as a worst case. Only 127.0.0.1 is contacted. The model is the tiny random one
 (`--model tiny`, seconds per step) or the embedded SmolLM2-135M with the classroom preset's step
-(`--model embedded`). Prints one JSON object; `--out` writes it too. Run it on an otherwise idle machine.
+(`--model embedded`), or the embedded model with a short step (`--model embedded-short`: enough steps
+in a phase to measure the slowdown). Prints one JSON object; `--out` writes it too. Run it on an
+otherwise idle machine.
 """
 
 from __future__ import annotations
@@ -70,11 +74,20 @@ grpo: {num_generations: 8, prompts_per_step: 4, micro_batch_size: 8, max_complet
 ewc: {enabled: false}
 run: {save_every: 0, keep_checkpoints: 1, eval_n: 0}
 """,
+    # The same model with a short step (G = 4, 2 prompts, 32 tokens; a learning rate so small that the
+    # sampled lengths stay as they are): ~30 steps in 5 minutes, enough to measure a slowdown. Serving the
+    # pages takes the same CPU whatever the step's length, so the slowdown is the share of the CPU it takes.
+    "embedded-short": """preset: bench-watchers
+description: watcher bench - embedded SmolLM2-135M, a short step
+model: {name: embedded}
+stages:
+  - {name: add, source: arithmetic, min_difficulty: 1, max_difficulty: 1, max_digits: 2, steps: 5000, num_problems: 2048}
+grpo: {num_generations: 4, prompts_per_step: 2, micro_batch_size: 8, max_completion_length: 32, learning_rate: 1.0e-9}
+ewc: {enabled: false}
+run: {save_every: 0, keep_checkpoints: 1, eval_n: 0}
+""",
 }
-START_ARGS = {  # the /start form, matching each preset
-    "tiny": [["add", "arithmetic", 1, 1, 5000]],
-    "embedded": [["add", "arithmetic", 1, 1, 5000]],
-}
+START_ARGS = {name: [["add", "arithmetic", 1, 1, 5000]] for name in PRESETS}  # the /start form, as each preset
 
 
 # ------------------------------------------------------------------------------------------------
@@ -215,6 +228,10 @@ class Page:
         cfg = httpx.get(url + "/config", timeout=30).json()
         self.mode = mode
         self.poll = Endpoint(url, "poll" if mode == "page" else "status", cfg)
+        # the poll's output that is the page's gr.Timer (its value is the poll period the server sets), if any
+        dep = next(d for d in cfg["dependencies"] if d.get("api_name") == self.poll.name)
+        types = {c["id"]: c.get("type") for c in cfg["components"]}
+        self.timer_output = next((i for i, o in enumerate(dep.get("outputs", [])) if types.get(o) == "timer"), None)
         self.draws = {i: Endpoint(url, name, cfg) for i, name in self.DRAWS.items()} if mode == "page" else {}
 
 
@@ -284,6 +301,7 @@ async def timed(coro, out: dict, key: str) -> tuple[bool, object]:
 async def page(client, pg: Page, until: float, out: dict, rng: random.Random) -> None:
     session = uuid.uuid4().hex[:11]
     marks: dict = {}
+    period = PERIOD_S
     await asyncio.sleep(rng.uniform(0, PERIOD_S))  # pages opened at different moments
     while time.time() < until:
         t0 = time.perf_counter()
@@ -293,7 +311,10 @@ async def page(client, pg: Page, until: float, out: dict, rng: random.Random) ->
                 if i < len(data) and marks.get(i) != data[i]:
                     marks[i] = data[i]
                     await timed(call(client, ep, session), out, "draws")
-        await asyncio.sleep(max(0.0, PERIOD_S - (time.perf_counter() - t0)))  # the timer's period
+            if pg.timer_output is not None and isinstance(data[pg.timer_output], (int, float)):
+                period = float(data[pg.timer_output])  # the server's period: the browser restarts its timer with it
+                out["periods"].append(period)
+        await asyncio.sleep(max(0.0, period - (time.perf_counter() - t0)))  # the timer's period
 
 
 def quantiles(xs: list[float]) -> dict:
@@ -309,7 +330,7 @@ async def watch(url: str, mode: str, n: int, seconds: float, seed: int) -> dict:
     import httpx
 
     pg = Page(url, mode)
-    out = {"latencies": [], "draws": [], "errors": 0, "error_kinds": {}}
+    out = {"latencies": [], "draws": [], "errors": 0, "error_kinds": {}, "periods": []}
     limits = httpx.Limits(max_connections=2 * n + 10, max_keepalive_connections=2 * n + 10)
     async with httpx.AsyncClient(timeout=ANSWER_TIMEOUT_S, limits=limits) as client:
         rng = random.Random(seed)
@@ -325,6 +346,7 @@ async def watch(url: str, mode: str, n: int, seconds: float, seed: int) -> dict:
         "p95_s": polls["p95_s"],
         "max_s": polls["max_s"],
         "answers_per_s": round(polls["n"] / seconds, 1),
+        "poll_period_s": quantiles(out["periods"]) if out["periods"] else None,  # what the server told the pages
         "draws": quantiles(out["draws"]) if mode == "page" else None,
         "queued": pg.poll.queued,
     }
@@ -370,7 +392,8 @@ def main() -> None:
         finally:
             stop_app(proc)
     result = {
-        "what": f"{args.mode} polls every {PERIOD_S} s from N simulated pages during training ({args.model} model)",
+        "what": f"{args.mode} polls from N simulated pages during training ({args.model} model), each every "
+        f"{PERIOD_S} s or at the longer period the server sets (poll_period_s)",
         "machine": {"cores": os.cpu_count()},
         "seconds_per_phase": args.seconds,
         "baseline": {"step_s_median": median(base), "steps": len(base)},

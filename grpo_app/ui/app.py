@@ -136,6 +136,7 @@ def build_app(
 
         demo.unload(release)
     demo.studio = studio  # the shared state, for main() and tests
+    demo.pacer = train.pacer  # the poll pacing (ui/pacing.py), for tests
     return demo
 
 

@@ -7,7 +7,8 @@ marker changed since this page last drew it — the figures, the status line and
 built once per change for everybody, and the figures carry `uirevision` so a redraw keeps the
 viewer's zoom. A page opened (or reloaded) during a run gets the whole history on its first tick.
 The tick and the /status API are unqueued (one plain POST each, no queue round trip): they only
-read ready-made answers, so a room of watchers costs the training job little.
+read ready-made answers, so a room of watchers costs the training job little. Each answer also sets
+the page's timer: with many pages watching, the server asks each to poll less often (`pacing.py`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ..config import GSM8K_MODES
 from . import render
 from .common import guard, plot, slot
 from .forms import SLOTS, STAGE_HEADERS, FormError, TrainForm
+from .pacing import MAX_PERIOD_S, PollPacer, budget_from_env
 from .studio import TRAIN_CHARTS, Studio
 
 GSM8K_CHOICES = [
@@ -45,6 +47,7 @@ class TrainTab:
     inputs: list
     tick_outputs: list
     tick_fn: object
+    pacer: PollPacer
 
     def attach_load(self, demo: gr.Blocks) -> None:
         demo.load(self.tick_fn, None, self.tick_outputs, api_visibility="undocumented", show_progress="hidden")
@@ -221,14 +224,18 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
         "throughput": throughput_plot,
     }
     steps_plots = [plots[k] for k in TRAIN_CHARTS if k != "memory"]
-    tick_outputs = [status, steps_mark, memory_mark, step_mark]
+    # The timer's value is the poll period: each tick answers with the period the server wants now
+    # (ui/pacing.py: many pages poll less often, so they cannot starve the server or the training).
+    timer = gr.Timer(timer_s)
+    pacer = PollPacer(timer_s, budget_from_env(), max_s=max(MAX_PERIOD_S, timer_s))
+    tick_outputs = [status, steps_mark, memory_mark, step_mark, timer]
 
     # ---- the tick: a status line and three change markers ------------------------------------------
     # Each marker is a hidden Textbox whose .change event (fired only when its value changed) draws its part:
     # the step charts and run log, the memory chart, the latest GRPO step. A tick itself returns four small
     # values; no output is ever skipped with gr.update(), which Gradio handles by building a new component.
     @guard("refresh the training view")
-    def tick():
+    def tick(request: gr.Request):
         view = studio.view()
         step = view.get("latest_step") or {}
         return [
@@ -236,6 +243,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
             repr(view["version"]),
             studio.memory_mark(view, MEMORY_EVERY_S),
             repr((view["run_id"], step.get("step"), step.get("stage"))),
+            pacer.period(getattr(request, "session_hash", None)),
         ]
 
     @guard("draw the training charts")
@@ -256,7 +264,6 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
         g = g if g < len(choices) else 0
         return gr.update(choices=choices, value=g if choices else None), render.step_html(step, g)
 
-    timer = gr.Timer(timer_s)
     timer.tick(tick, None, tick_outputs, api_name="poll", show_progress="hidden", queue=False, trigger_mode="always_last")
     fast = dict(show_progress="hidden", queue=False, trigger_mode="always_last")
     steps_mark.change(draw_steps, None, [*steps_plots, events_md], api_name="charts", **fast)
@@ -377,7 +384,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
 
     gr.api(_status_api(studio), api_name="status", queue=False)
 
-    return TrainTab(studio=studio, inputs=form_inputs, tick_outputs=tick_outputs, tick_fn=tick)
+    return TrainTab(studio=studio, inputs=form_inputs, tick_outputs=tick_outputs, tick_fn=tick, pacer=pacer)
 
 
 WHAT_IF_HELP = (

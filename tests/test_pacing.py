@@ -1,0 +1,79 @@
+"""The server sets each page's poll period so that all pages together poll about `budget` times a second
+(ui/pacing.py), and the Train tab's tick sends that period as its timer's value."""
+
+import pytest
+
+from grpo_app.ui import app as ui_app
+from grpo_app.ui.pacing import DEFAULT_BUDGET, PollPacer, budget_from_env
+
+
+def settle(pacer: PollPacer, pages: int, rounds: int = 3, t0: float = 0.0) -> tuple[float, float]:
+    """Every page polls once per period, as the browsers would, for a few periods; (period, last time)."""
+    t, period = t0, pacer.base_s
+    for _ in range(rounds):
+        for i in range(pages):
+            period = pacer.period(f"page-{i}", now=t + i * period / pages)
+        t += period
+    return period, t
+
+
+def test_few_pages_keep_the_base_period():
+    pacer = PollPacer(base_s=1.5, budget=10)
+    assert settle(pacer, 1)[0] == 1.5
+    assert settle(pacer, 15)[0] == 1.5  # 15 pages / 1.5 s = 10 polls/s: within the budget
+
+
+@pytest.mark.parametrize("pages, period", [(30, 3.0), (100, 10.0), (101, 10.5), (1000, 30.0)])
+def test_many_pages_poll_less_often_and_keep_the_budget(pages, period):
+    pacer = PollPacer(base_s=1.5, budget=10, max_s=30)
+    got, _ = settle(pacer, pages)
+    assert got == period and pacer.pages == pages
+    if period < 30:
+        assert pages / got <= 10  # all pages together stay within the budget
+
+
+def test_pages_that_stop_polling_drop_out_and_the_period_comes_back():
+    pacer = PollPacer(base_s=1.5, budget=10)
+    period, t = settle(pacer, 100)
+    assert period == 10.0
+    # 99 pages closed (or went to a background tab): the one left is alone after one window
+    t += 2 * period + 2
+    assert pacer.period("page-0", now=t) == 1.5 and pacer.pages == 1
+
+
+def test_made_up_page_ids_are_capped_and_only_stretch_the_period():
+    pacer = PollPacer(base_s=1.5, budget=10, max_s=30, max_pages=50)
+    for i in range(10_000):  # a script inventing a new page id for every request
+        p = pacer.period(f"fake-{i}", now=i * 0.001)
+    assert pacer.pages == 50 and p == 5.0  # the table stays bounded
+    assert pacer.period(None, now=11.0) <= 30  # an anonymous poll is answered too
+
+
+def test_bad_settings_are_refused_and_the_env_budget_falls_back(monkeypatch):
+    with pytest.raises(ValueError):
+        PollPacer(base_s=0)
+    with pytest.raises(ValueError):
+        PollPacer(base_s=2, max_s=1)
+    for bad in ("abc", "-3", "0", "nan", "inf"):
+        monkeypatch.setenv("GRPO_APP_POLL_BUDGET", bad)
+        assert budget_from_env() == DEFAULT_BUDGET
+    monkeypatch.setenv("GRPO_APP_POLL_BUDGET", "2.5")
+    assert budget_from_env() == 2.5
+
+
+def test_the_tick_answers_with_the_period_as_the_timer_value(tmp_path, monkeypatch):
+    """The Train tab's /poll has the gr.Timer as its last output, and the tick fills it from the pacer with
+    the page's session id."""
+    import gradio as gr
+
+    monkeypatch.setenv("GRPO_APP_POLL_BUDGET", "1")
+    demo = ui_app.build_app(runs_dir=tmp_path / "runs", configs_dir="tests/configs/app", default_preset="tiny-app")
+    poll = next(fn for fn in demo.fns.values() if fn.api_name == "poll")
+    assert isinstance(poll.outputs[-1], gr.Timer)
+
+    class Req:
+        def __init__(self, session):
+            self.session_hash = session
+
+    periods = [poll.fn(Req(f"s{i}"))[-1] for i in range(6)]
+    assert periods == [1.5, 2.0, 3.0, 4.0, 5.0, 6.0]  # budget 1 poll/s: N pages -> every N seconds
