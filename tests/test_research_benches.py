@@ -1,0 +1,92 @@
+"""bench/ceiling.py (the base model's pass@k and the share of GRPO groups that carry a signal) and
+bench/int8_sampler.py (int8 sampler speed and mismatch) compute what they claim: the signal share against
+brute-force enumeration, the summary against hand-made records, and both benches end to end on the tiny
+random model."""
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.ceiling import signal_share, summarize
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("k, c, g", [(8, 0, 4), (8, 1, 4), (8, 3, 2), (8, 8, 8), (6, 2, 6), (5, 4, 3)])
+def test_signal_share_is_the_chance_that_a_group_is_mixed(k, c, g):
+    answers = [1] * c + [0] * (k - c)
+    groups = list(itertools.combinations(range(k), g))
+    mixed = sum(0 < sum(answers[i] for i in grp) < g for grp in groups)
+    assert signal_share(c, k, g) == pytest.approx(mixed / len(groups))
+    with pytest.raises(ValueError):
+        signal_share(c, k, k + 1)
+
+
+def test_summary_of_hand_made_records():
+    recs = [{"correct": c, "strict_correct": min(c, 1)} for c in (0, 0, 1, 4, 8)]
+    s = summarize(recs, k=8, seed=0)
+    assert s["n"] == 5 and s["any_correct"] == 0.6 and s["all_correct"] == 0.2
+    assert s["pass"]["pass"][0] == pytest.approx((0 + 0 + 1 / 8 + 4 / 8 + 1) / 5)  # pass@1 = mean success rate
+    assert s["pass"]["pass"][-1] == pytest.approx(3 / 5)  # pass@8 with 8 samples = any correct
+    assert s["success_counts"] == {"0": 2, "1": 1, "2": 0, "3": 0, "4": 1, "5": 0, "6": 0, "7": 0, "8": 1}
+    assert s["signal_share_by_G"]["8"] == pytest.approx(2 / 5)  # only c = 1 and c = 4 give a mixed group of 8
+
+
+def _bench(script: str, *args: str) -> dict:
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    p = subprocess.run(
+        [sys.executable, f"bench/{script}", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout[p.stdout.index("{") :])
+
+
+def test_ceiling_bench_on_the_tiny_model(tmp_path):
+    out = tmp_path / "c.json"
+    r = _bench(
+        "ceiling.py", "--model", "tiny-random", "--n", "3", "--k", "4", "--max-new-tokens", "8", "--out", str(out)
+    )
+    assert json.loads(out.read_text()) == r
+    assert r["sample"]["n"] == 3 and len(r["records"]) == 3 and all(x["n"] == 4 for x in r["records"])
+    assert sum(v["n"] for v in r["by_difficulty"].values()) == 3
+    assert r["all"]["pass"]["k"] == [1, 2, 3, 4]
+
+
+def test_int8_sampler_bench_on_the_tiny_model(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(
+        "\n".join(
+            json.dumps(m)
+            for m in (
+                {"gen_seconds": 10.0, "step_seconds": 10.0},  # sampling only (nothing trained): left out
+                {"gen_seconds": 3.0, "step_seconds": 10.0},
+                {"gen_seconds": 3.0, "step_seconds": 10.0},
+            )
+        )
+    )
+    r = _bench(
+        "int8_sampler.py",
+        "--model",
+        "tiny-random",
+        "--batch",
+        "8",
+        "--g",
+        "4",
+        "--tokens",
+        "8",
+        "--repeats",
+        "1",
+        "--metrics",
+        str(metrics),
+    )
+    assert r["speed"]["fp32"]["seconds"] > 0 and r["speed"]["int8"]["seconds"] > 0
+    m = r["mismatch"]
+    assert m["tokens"] > 0 and m["ratio_p01_p50_p99"][0] <= m["ratio_p01_p50_p99"][2] <= m["ratio_max"]
+    assert r["classroom_step"]["steps"] == 2 and r["classroom_step"]["sampling_share"] == 0.3
+    s = r["sampler_speedup"]
+    assert r["classroom_step"]["step_speedup_bound"] == pytest.approx(1 / (0.7 + 0.3 / s), abs=2e-3)
