@@ -238,12 +238,13 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
     def tick(request: gr.Request):
         view = studio.view()
         step = view.get("latest_step") or {}
+        period = pacer.period(getattr(request, "session_hash", None))
         return [
             studio.status_line(view),
             repr(view["version"]),
-            studio.memory_mark(view, MEMORY_EVERY_S),
+            studio.memory_mark(view, max(MEMORY_EVERY_S, 3 * period)),  # many pages: the memory chart less often
             repr((view["run_id"], step.get("step"), step.get("stage"))),
-            pacer.period(getattr(request, "session_hash", None)),
+            period,
         ]
 
     @guard("draw the training charts")
