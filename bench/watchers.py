@@ -1,7 +1,7 @@
 """Many pages watching one training run: how fast the server answers them, and what they cost training.
 
     python bench/watchers.py [--pages 30 100] [--seconds 60] [--model tiny|embedded|embedded-short]
-                             [--mode page|status] [--pages-priority normal|idle]
+                             [--mode page|status] [--pages-priority normal|idle] [--training app|cli]
                              [--out assets/watchers.json]
 
 It starts the real app (`python app.py`, as tests/app_server.py does: 127.0.0.1 on a free port, a
@@ -13,6 +13,10 @@ temporary runs folder, offline), starts a training run through the app's own /st
    their first polls spread over 1.5 s; every answer's latency (request sent -> full answer
    read) and every error (HTTP status, Gradio error event, or no answer within 30 s) is recorded, and the
    step times of the steps that ended in that window.
+
+With `--training cli` the run is not started from the app but by `python -m grpo_app train` in a
+process of its own, into the runs folder the app serves; the app's Train tab then follows it through its
+files, as it does for any run another process trains, and the app process only serves the pages.
 
 A page (`--mode page`, the default) polls the way the browser does: the Train tab's timer event (`/poll`:
 the status line and three change markers), and when a marker changed, the event that draws that part
@@ -99,6 +103,29 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def start_cli_training(work: Path) -> tuple[subprocess.Popen, str]:
+    """The same preset trained by the CLI in a process of its own (`--training cli`), into the runs folder the
+    app shows: the app then follows the run through its files and only serves the pages."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", GRPO_APP_RUNS_DIR=str(work / "runs"))
+    env.pop("GRPO_APP_MAX_STEP_MINUTES", None)
+    log = open(work / "train.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grpo_app", "train", "--config", str(work / "configs" / "bench-watchers.yaml"),
+         "--name", "watchers"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        runs = sorted((work / "runs").glob("*-watchers")) if (work / "runs").is_dir() else []
+        if runs:
+            return proc, runs[-1].name
+        if proc.poll() is not None:
+            raise SystemExit(f"the CLI training exited:\n{(work / 'train.log').read_text()[-3000:]}")
+        time.sleep(0.5)
+    proc.kill()
+    raise SystemExit("the CLI training made no run folder within 300 s")
 
 
 def start_app(work: Path, model: str) -> tuple[subprocess.Popen, str]:
@@ -369,6 +396,13 @@ def main() -> None:
         help="CPU priority of the simulated pages (idle: SCHED_IDLE, they only get CPU the app leaves, as pages "
         "in other machines' browsers would; their own scheduling delay then counts in the latencies)",
     )
+    ap.add_argument(
+        "--training",
+        choices=["app", "cli"],
+        default="app",
+        help="app: the app trains (a thread of the server's process, as Start does); cli: `python -m grpo_app "
+        "train` trains in a process of its own and the app follows the run through its files",
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if any(n < 1 or n > 500 for n in args.pages) or not 5 <= args.seconds <= 1800:
@@ -377,8 +411,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="watchers-") as tmp:
         work = Path(tmp)
         proc, url = start_app(work, args.model)
+        trainer = None
         try:
-            run_id = start_training(url, args.model)
+            if args.training == "cli":
+                trainer, run_id = start_cli_training(work)
+            else:
+                run_id = start_training(url, args.model)
             metrics = work / "runs" / run_id / "metrics.jsonl"
             deadline = time.time() + 600
             while not step_times(metrics, 0, time.time()) and time.time() < deadline:
@@ -400,6 +438,8 @@ def main() -> None:
                     res["training_slowdown"] = round(statistics.median(steps) / statistics.median(base) - 1, 3)
                 phases.append(res)
         finally:
+            if trainer is not None:
+                stop_app(trainer)  # SIGINT: the CLI stops its run and exits
             stop_app(proc)
     result = {
         "what": f"{args.mode} polls from N simulated pages during training ({args.model} model), each every "
@@ -407,6 +447,7 @@ def main() -> None:
         "machine": {"cores": os.cpu_count()},
         "seconds_per_phase": args.seconds,
         "pages_priority": args.pages_priority,
+        "training": args.training,
         "baseline": {"step_s_median": median(base), "steps": len(base)},
         "phases": phases,
         "command": "python bench/watchers.py " + " ".join(sys.argv[1:]),
