@@ -46,7 +46,7 @@ class PollPacer:
         if base_s <= 0 or budget <= 0 or max_s < base_s or max_pages < 1:
             raise ValueError("base_s and budget must be > 0, max_s >= base_s, max_pages >= 1")
         self.base_s, self.budget, self.max_s, self.max_pages = float(base_s), float(budget), float(max_s), max_pages
-        self._seen: dict[str, float] = {}  # page id -> last poll time (insertion order = first seen)
+        self._seen: dict[str, float] = {}  # page id -> last poll time, oldest poll first
         self._period = self.base_s
         self._lock = threading.Lock()
         self.polls = 0  # polls answered since the server started

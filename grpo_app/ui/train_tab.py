@@ -232,7 +232,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
 
     # ---- the tick: a status line and three change markers ------------------------------------------
     # Each marker is a hidden Textbox whose .change event (fired only when its value changed) draws its part:
-    # the step charts and run log, the memory chart, the latest GRPO step. A tick itself returns four small
+    # the step charts and run log, the memory chart, the latest GRPO step. A tick itself returns five small
     # values; no output is ever skipped with gr.update(), which Gradio handles by building a new component.
     @guard("refresh the training view")
     def tick(request: gr.Request):
