@@ -79,7 +79,7 @@ ewc: {enabled: false}
 run: {save_every: 0, keep_checkpoints: 1, eval_n: 0}
 """,
     # The classroom step's batch (G = 8, 4 prompts, micro-batches of 8) with 32-token completions and a
-    # learning rate so small that what is sampled stays alike: steps of ~20 s, enough of them in a
+    # learning rate so small that what is sampled stays alike: steps of 12-20 s (measured), enough of them in a
     # 5-minute phase to measure a slowdown.
     "embedded-short": """preset: bench-watchers
 description: watcher bench - embedded SmolLM2-135M, a short step
