@@ -242,6 +242,7 @@ class Endpoint:
         comps = {c["id"]: c for c in cfg["components"]}
         # the page sends its inputs: a gr.State as null (the server holds it per session), the prompt picker as 0
         self.data = [None if comps.get(i, {}).get("type") == "state" else 0 for i in dep.get("inputs", [])]
+        self.output_types = [comps.get(o, {}).get("type") for o in dep.get("outputs", [])]
 
 
 class Page:
@@ -256,9 +257,7 @@ class Page:
         self.mode = mode
         self.poll = Endpoint(url, "poll" if mode == "page" else "status", cfg)
         # the poll's output that is the page's gr.Timer (its value is the poll period the server sets), if any
-        dep = next(d for d in cfg["dependencies"] if d.get("api_name") == self.poll.name)
-        types = {c["id"]: c.get("type") for c in cfg["components"]}
-        self.timer_output = next((i for i, o in enumerate(dep.get("outputs", [])) if types.get(o) == "timer"), None)
+        self.timer_output = next((i for i, t in enumerate(self.poll.output_types) if t == "timer"), None)
         self.draws = {i: Endpoint(url, name, cfg) for i, name in self.DRAWS.items()} if mode == "page" else {}
 
 
