@@ -1,16 +1,31 @@
 """The RunManager: the one training job of a server, its live store, its memory sampler and its lock.
 
-It sits above the engine: it creates or reopens a run folder (runs.py), trains in a background thread
-through `engine.train`, and after a completed training starts the base-vs-trained evaluation
-(`evaluation.evaluate_run_vs_base`). What the engine reports goes to the run folder and to a `RunStore`
-that pages poll; the UI and the CLI read this manager, never the engine's internals.
+It sits above the engine: it creates or reopens a run folder (runs.py), trains through `engine.train`,
+and after a completed training starts the base-vs-trained evaluation (`evaluation.evaluate_run_vs_base`).
+What the engine reports goes to the run folder and to a `RunStore` that pages poll; the UI and the CLI
+read this manager, never the engine's internals.
+
+Where the job runs:
+- `process=False` (the CLI, the tests): in a background thread of this process.
+- `process=True` (the web app): in a child process, `python -m grpo_app.train_child`. A web server
+  answering many pages holds Python's interpreter lock for each answer; a training thread beside it waits
+  for that lock between its many small tensor operations, so watching pages slowed the training (measured
+  in docs/performance.md). The child runs the same `run_job` with the same reporter; its reporter's live
+  store is a pipe (`PipeStore`) whose lines a thread here applies to this manager's `RunStore`. Stop is a
+  line on the child's stdin; the end of stdin (this server gone, even by kill -9) is a stop too, so an
+  orphaned child ends at its next check and keeps its last complete step. The child holds the runs
+  folder's lock file as long as it lives (the descriptor is passed to it), so no second server can start
+  a run beside it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -180,10 +195,109 @@ class _JobReporter:
         if self.stop_event.is_set():  # a stop is waiting: the page shows what for, as it changes
             self.status(phase=f"stopping: {text}")
 
+    def request_stop(self, why: str | None = None) -> None:
+        """Ask the job to stop (once): the engine checks `should_stop` inside the step in progress. The run's
+        status says what the stop waits for, and the run log records the request."""
+        if self.stop_event.is_set():
+            return
+        doing = self.doing
+        self.stop_event.set()
+        self.status(status="stopping", phase=f"stopping: {doing}", stop_asked=time.time())
+        self.event("stop_requested", waiting_for=doing, **({"why": why} if why else {}))
+
+
+def run_job(run: RunDir, resume: bool, reporter: _JobReporter) -> None:
+    """Train `run` (and evaluate it against its base when it completes), reporting through `reporter`; the
+    memory chart samples this process's RSS. A crash marks the run failed; nothing is raised."""
+    from .engine import train
+
+    def on_mem(sample):
+        reporter.store.add_memory(sample)
+        with contextlib.suppress(OSError):
+            append_jsonl(run.memory_path, sample)
+
+    sampler = MemorySampler(on_mem).start()
+    t0 = time.time()
+    try:
+        cfg = run.config()
+        final = train(cfg, run, reporter, resume=resume)
+        if final == "completed" and run.has_final_model():
+            _evaluate(run, cfg, reporter)
+            reporter.event("finished", seconds=round(time.time() - t0, 1))
+        reporter.status(status=final, ended=time.time(), peak_rss_mb=sampler.peak / 2**20)
+    except BaseException as e:  # noqa: BLE001 - a crash marks the run failed, the app keeps serving
+        msg = f"{type(e).__name__}: {e}"
+        reporter.event("error", message=msg, traceback=traceback.format_exc()[-4000:])
+        reporter.status(status="failed", error=msg, ended=time.time(), peak_rss_mb=sampler.peak / 2**20)
+    finally:
+        sampler.stop()
+
+
+def _evaluate(run: RunDir, cfg: Config, reporter) -> None:
+    """The after-training comparison of the trained model with its base (`run.eval_n` GSM8K problems).
+    A stop ends it early: training is complete and its model saved; the Compare tab can score it later."""
+    if cfg.run.eval_n <= 0:
+        return
+    from .evaluation import evaluate_run_vs_base
+
+    reporter.status(phase="evaluating base vs trained")
+    reporter.activity("ending the base-vs-trained evaluation (training is complete and its model is saved)")
+    try:
+        res = evaluate_run_vs_base(run, n=cfg.run.eval_n, should_stop=reporter.should_stop)
+    except InterruptedError:
+        reporter.event("eval_stopped", n=cfg.run.eval_n)
+        return
+    reporter.event("eval_done", **{key: res[key] for key in ("n", "base_accuracy", "trained_accuracy", "p_value")})
+
+
+# ------------------------------------------------------------------------------------------------
+# A job in a child process: the child's live store is a pipe; a thread here applies its lines
+# ------------------------------------------------------------------------------------------------
+_STORE_CALLS = ("add_metric", "add_event", "add_memory", "set_step", "update_status")
+
+
+class PipeStore:
+    """The child's side of the live store: each call is one JSON line on the pipe to the server. Once the
+    server is gone the lines are dropped (the run folder still gets every record)."""
+
+    def __init__(self, out):
+        self.out, self._lock, self.closed = out, threading.Lock(), False
+
+    def _send(self, call: str, value) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            try:
+                self.out.write(json.dumps({"call": call, "value": value}) + "\n")
+                self.out.flush()
+            except (OSError, ValueError):
+                self.closed = True
+
+    def __getattr__(self, name):
+        if name in _STORE_CALLS:
+            return lambda value=None, **fields: self._send(name, fields if name == "update_status" else value)
+        raise AttributeError(name)
+
+
+def apply_store_line(store: RunStore, line: str) -> None:
+    """One line from `PipeStore` applied to `store`; a line that is not one of its calls is ignored."""
+    try:
+        msg = json.loads(line)
+        call, value = msg["call"], msg["value"]
+    except (ValueError, KeyError, TypeError):
+        return
+    if call == "update_status" and isinstance(value, dict):
+        store.update_status(**value)
+    elif call in _STORE_CALLS and call != "update_status":
+        getattr(store, call)(value)
+
 
 class RunManager:
-    def __init__(self, root: str | Path | None = None):
+    def __init__(self, root: str | Path | None = None, process: bool = False):
         self.root = Path(root) if root else runs_root()
+        self.process = process  # train in a child process (see the module's docstring)
+        self._child: subprocess.Popen | None = None
+        self._stop_seen = threading.Event()
         self.store = RunStore()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -247,6 +361,8 @@ class RunManager:
             return run
 
     def _claim(self):
+        if self.active and self.process and self.store.status.get("status") not in ACTIVE:
+            self._thread.join(30)  # the child has ended its run and is exiting: wait for it, not a refusal
         if self.active:
             raise RunInProgressError(f"a run is in progress ({self._run.id if self._run else '?'}); stop it or wait.")
         if not self._file_lock.acquire():
@@ -270,6 +386,9 @@ class RunManager:
             **({} if resume else {"started": time.time()}),
         )
         self.store.update_status(**run.read_status())
+        if self.process:
+            self._launch_child(run, resume)
+            return
         self._reporter = _JobReporter(run, self.store, self._stop)
         self._thread = threading.Thread(
             target=self._work, args=(run, resume, self._reporter), name=f"train-{run.id}", daemon=True
@@ -277,62 +396,71 @@ class RunManager:
         self._thread.start()
 
     def _work(self, run: RunDir, resume: bool, reporter: _JobReporter):
-        from .engine import train
-
-
-        def on_mem(sample):
-            self.store.add_memory(sample)
-            with contextlib.suppress(OSError):
-                append_jsonl(run.memory_path, sample)
-
-        sampler = MemorySampler(on_mem).start()
-        t0 = time.time()
         try:
-            cfg = run.config()
-            final = train(cfg, run, reporter, resume=resume)
-            if final == "completed" and run.has_final_model():
-                self._evaluate(run, cfg, reporter)
-                reporter.event("finished", seconds=round(time.time() - t0, 1))
-            reporter.status(status=final, ended=time.time(), peak_rss_mb=sampler.peak / 2**20)
-        except BaseException as e:  # noqa: BLE001 - a crash marks the run failed, the app keeps serving
-            msg = f"{type(e).__name__}: {e}"
-            reporter.event("error", message=msg, traceback=traceback.format_exc()[-4000:])
-            reporter.status(status="failed", error=msg, ended=time.time(), peak_rss_mb=sampler.peak / 2**20)
+            run_job(run, resume, reporter)
         finally:
-            sampler.stop()
             self._file_lock.release()
 
-    @staticmethod
-    def _evaluate(run: RunDir, cfg: Config, reporter) -> None:
-        """The after-training comparison of the trained model with its base (`run.eval_n` GSM8K problems).
-        A stop ends it early: training is complete and its model saved; the Compare tab can score it later."""
-        if cfg.run.eval_n <= 0:
-            return
-        from .evaluation import evaluate_run_vs_base
-
-        reporter.status(phase="evaluating base vs trained")
-        reporter.activity("ending the base-vs-trained evaluation (training is complete and its model is saved)")
+    def _launch_child(self, run: RunDir, resume: bool):
+        read_fd, write_fd = os.pipe()
+        package_parent = str(Path(__file__).resolve().parent.parent)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH")) if p))
+        cmd = [sys.executable, "-m", "grpo_app.train_child", str(run.path), "--report-fd", str(write_fd)]
         try:
-            res = evaluate_run_vs_base(run, n=cfg.run.eval_n, should_stop=reporter.should_stop)
-        except InterruptedError:
-            reporter.event("eval_stopped", n=cfg.run.eval_n)
-            return
-        reporter.event("eval_done", **{key: res[key] for key in ("n", "base_accuracy", "trained_accuracy", "p_value")})
+            proc = subprocess.Popen(
+                cmd + (["--resume"] if resume else []),
+                stdin=subprocess.PIPE,
+                env=env,
+                pass_fds=(write_fd, self._file_lock.fh.fileno()),  # the child holds the lock as long as it lives
+                text=True,
+            )
+        except BaseException:
+            os.close(read_fd)
+            self._file_lock.release()
+            raise
+        finally:
+            os.close(write_fd)
+        self._child = proc
+        self._stop_seen = threading.Event()
+        self._thread = threading.Thread(
+            target=self._follow_child, args=(run, proc, read_fd), name=f"train-{run.id}", daemon=True
+        )
+        self._thread.start()
+
+    def _follow_child(self, run: RunDir, proc: subprocess.Popen, read_fd: int):
+        try:
+            with open(read_fd, encoding="utf-8", errors="replace") as lines:
+                for line in lines:
+                    apply_store_line(self.store, line)
+                    if '"stop_asked"' in line:
+                        self._stop_seen.set()
+            code = proc.wait()
+            if run.read_status().get("status") in ACTIVE:  # the child died without ending its run
+                how = f"signal {-code}" if code < 0 else f"exit code {code}"
+                msg = f"the training process ended unexpectedly ({how}); resume continues from the last complete step."
+                self.store.add_event(run.append_event("error", message=msg))
+                self.store.update_status(**run.write_status(status="failed", error=msg, ended=time.time()))
+        finally:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+            self._stop_seen.set()
+            self._file_lock.release()
 
     def stop(self) -> bool:
         """Ask the running job to stop (in a single process: within the step in progress, see engine.py).
-        Records what the stop waits for. False if no job runs."""
+        Records what the stop waits for (a child process records it itself; this waits up to 2 s for that
+        to arrive, so the answer can say it). False if no job runs."""
         if not self.active:
             return False
-        if not self._stop.is_set():
-            doing = self._reporter.doing if self._reporter is not None else "starting"
-            self._stop.set()
-            if self._run is not None:
-                fields = {"status": "stopping", "phase": f"stopping: {doing}", "stop_asked": time.time()}
-                self._run.write_status(**fields)
-                self.store.update_status(**fields)
-                ev = self._run.append_event("stop_requested", waiting_for=doing)
-                self.store.add_event(ev)
+        if self.process:
+            if not self._stop.is_set():
+                self._stop.set()
+                with contextlib.suppress(OSError, ValueError):
+                    self._child.stdin.write("stop\n")
+                    self._child.stdin.flush()
+            self._stop_seen.wait(2.0)
+        elif self._reporter is not None:
+            self._reporter.request_stop()
         return True
 
     def wait(self, timeout: float | None = None) -> bool:

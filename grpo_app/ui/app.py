@@ -197,7 +197,9 @@ def queue_kwargs() -> dict:
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_libraries()
-    demo = build_app()
+    # The training runs in a child process, so pages being answered do not slow it (manager.py);
+    # GRPO_APP_TRAIN_PROCESS=0 trains in a thread of the server instead.
+    demo = build_app(manager=RunManager(process=os.environ.get("GRPO_APP_TRAIN_PROCESS", "1") != "0"))
     studio: Studio = demo.studio
     stop_asked = threading.Event()
     first_signal: list[float] = []
