@@ -35,7 +35,7 @@ import psutil
 
 from .config import Config
 from .estimate import check_step
-from .fileio import append_jsonl, atomic_write_json
+from .fileio import _json_default, append_jsonl, atomic_write_json
 from .runs import ACTIVE, RunDir, list_runs, resolve_run, runs_root
 
 
@@ -268,7 +268,7 @@ class PipeStore:
             if self.closed:
                 return
             try:
-                self.out.write(json.dumps({"call": call, "value": value}) + "\n")
+                self.out.write(json.dumps({"call": call, "value": value}, default=_json_default) + "\n")
                 self.out.flush()
             except (OSError, ValueError):
                 self.closed = True

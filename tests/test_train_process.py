@@ -6,6 +6,7 @@ import signal
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from grpo_app.config import load_config
@@ -107,7 +108,7 @@ def test_the_pipe_carries_each_store_call_and_ignores_anything_else(tmp_path):
     path = tmp_path / "pipe.jsonl"
     with open(path, "w") as out:
         child = PipeStore(out)
-        child.add_metric({"step": 1, "reward": float("nan")})
+        child.add_metric({"step": 1, "reward": float("nan"), "lr": np.float32(0.5)})  # as the run folder takes them
         child.add_event({"event": "stage_start"})
         child.add_memory({"time": 1.0, "rss_mb": 100.0})
         child.set_step({"step": 1, "groups": []})
@@ -118,6 +119,7 @@ def test_the_pipe_carries_each_store_call_and_ignores_anything_else(tmp_path):
         apply_store_line(store, line)
     snap = store.snapshot()
     assert [m["step"] for m in snap["metrics"]] == [1] and snap["metrics"][0]["reward"] != snap["metrics"][0]["reward"]
+    assert snap["metrics"][0]["lr"] == 0.5
     assert snap["events"] == [{"event": "stage_start"}] and snap["memory"] == [{"time": 1.0, "rss_mb": 100.0}]
     assert snap["latest_step"] == {"step": 1, "groups": []}
     assert snap["status"]["status"] == "running" and snap["status"]["step"] == 1
