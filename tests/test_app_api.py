@@ -3,6 +3,7 @@ or a script would: start, refused second start, live status, stop, resume, compa
 download, delete. Tiny random model; generous deadlines (the machine may be busy)."""
 
 import json
+import time
 import zipfile
 from pathlib import Path
 
@@ -165,3 +166,17 @@ def test_upload_then_train_on_it(client, app_server, tmp_path):  # noqa: F811
 def test_system_panel(client):
     md = client.predict(api_name="/system")
     assert "Cores" in md and "Memory" in md and "torch" in md
+
+
+def test_an_idle_connection_outlives_the_longest_poll_period(app_server):  # noqa: F811
+    # Pages polling every 10-30 s reuse their connection; uvicorn's own 5-s keep-alive would close it under them.
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", app_server.port, timeout=30)
+    conn.request("GET", "/config")
+    assert conn.getresponse().read()
+    sock = conn.sock
+    time.sleep(8)
+    conn.request("GET", "/config")  # on the same socket: a closed one raises RemoteDisconnected here
+    assert conn.getresponse().status == 200 and conn.sock is sock
+    conn.close()

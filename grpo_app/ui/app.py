@@ -25,6 +25,7 @@ import gradio as gr  # noqa: E402
 from ..manager import RunManager  # noqa: E402
 from ..system import quiet_libraries  # noqa: E402
 from .compare_tab import create_compare_tab  # noqa: E402
+from .pacing import MAX_PERIOD_S  # noqa: E402
 from .runs_tab import create_runs_tab  # noqa: E402
 from .studio import Limits, Studio  # noqa: E402
 from .system_tab import create_system_tab  # noqa: E402
@@ -181,6 +182,17 @@ def launch_kwargs(limits: Limits | None = None) -> dict:
     }
 
 
+def keep_connections_alive(demo: gr.Blocks, seconds: float = 2 * MAX_PERIOD_S + 15) -> None:
+    """Let an idle connection live longer than the longest poll period. Uvicorn closes a connection idle
+    for 5 s; pages that poll less often (many pages: every 10-30 s, ui/pacing.py) then send each poll on a
+    connection the server may be closing at that moment, and a client that does not retry gets an error
+    (bench/watchers.py saw 2-10 in ~3,000 polls at 100 pages). Gradio does not expose the setting; its
+    server reads its config for each new connection, so this acts on every connection after launch."""
+    config = getattr(getattr(demo, "server", None), "config", None)
+    if config is not None and hasattr(config, "timeout_keep_alive"):
+        config.timeout_keep_alive = max(config.timeout_keep_alive, int(seconds))
+
+
 def queue_kwargs() -> dict:
     def env_int(name, default):
         try:
@@ -225,6 +237,7 @@ def main() -> None:
         print(f"CPU GRPO Studio could not start: {e}", file=sys.stderr, flush=True)
         studio.shutdown(timeout=1)
         sys.exit(1)
+    keep_connections_alive(demo)
     host, port = kwargs["server_name"], kwargs["server_port"]
     print(f"CPU GRPO Studio is serving on http://{host}:{port} (Ctrl-C stops it).", flush=True)
     try:
