@@ -1,9 +1,12 @@
 """What a page shows about training: a "view" of the live job or of a run folder (no Gradio import).
 
 A view is a plain dict: run_id, state, status, metrics, events, memory, latest_step, stages (the
-config's plan), total_steps, started, active, plus two change markers: `version` changes when
-anything but the memory samples changed, `mem_version` when memory samples arrived. Pages compare
-them with what they last drew and skip unchanged figures.
+config's plan), total_steps, started, active, plus three change markers: `version` changes when
+anything but the memory samples changed, `charts_version` only when what the step charts and the run log
+draw changed (the logged steps, the events; not a status or phase update, several of which come in one
+step), `mem_version` when memory samples arrived. Pages compare them with what they last drew and skip
+unchanged figures: every redraw is a request each page makes, and a request costs the server the same
+~20 ms of CPU whatever it carries (docs/performance.md).
 
 The Train tab follows, in order: the job this server runs, or the last one it launched (from the Train
 tab or a Resume on the Runs tab; its failure included, even when older run folders are newer); a job
@@ -53,6 +56,7 @@ def empty_view() -> dict:
         "active": False,
         "live": False,
         "version": ("none",),
+        "charts_version": ("none",),
         "mem_version": ("none",),
     }
 
@@ -107,6 +111,7 @@ def live_view(manager: RunManager) -> dict:
         "active": bool(snap["active"]),
         "live": True,
         "version": (run.id, "live", snap["version"], snap["active"]),
+        "charts_version": (run.id, "live", len(snap["metrics"]), len(snap["events"])),
         "mem_version": (run.id, "live", len(snap["memory"])),
     }
 
@@ -138,6 +143,7 @@ def disk_view(run: RunDir) -> dict:
             "active": state in ACTIVE,
             "live": False,
             "version": (run.id, "disk", sigs, state),
+            "charts_version": (run.id, "disk", sigs[0], sigs[1], sigs[4]),  # metrics, events, config
             "mem_version": None,
         }
         hit = {"sigs": sigs, "view": view, "mem_sig": None}

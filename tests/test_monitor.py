@@ -143,6 +143,28 @@ def test_live_view_versions_change_with_the_store(tmp_path):
     assert v3["version"] == v2["version"] and v3["mem_version"] != v2["mem_version"]
 
 
+def test_the_charts_marker_moves_with_steps_and_events_not_with_status_updates(tmp_path):
+    run = make_run(tmp_path, status="running", pid=os.getpid(), pid_started=psutil.Process().create_time())
+    mgr = FakeManager(tmp_path, run=run, active=True)
+    v1 = monitor.live_view(mgr)
+    for phase in ("sampling", "training", "saving"):  # several status updates in one step
+        mgr.store.update_status(phase=phase)
+    mgr.store.set_step({"step": 1, "groups": []})
+    v2 = monitor.live_view(mgr)
+    assert v2["version"] != v1["version"] and v2["charts_version"] == v1["charts_version"]
+    mgr.store.add_metric({"step": 1, "stage": 0, "reward": 0.0})
+    v3 = monitor.live_view(mgr)
+    mgr.store.add_event({"event": "stage_end"})
+    v4 = monitor.live_view(mgr)
+    assert len({v2["charts_version"], v3["charts_version"], v4["charts_version"]}) == 3
+    disk = monitor.disk_view(run)
+    time.sleep(0.01)
+    run.write_status(phase="training")
+    assert monitor.disk_view(run)["charts_version"] == disk["charts_version"]
+    run.append_metric({"step": 9, "stage": 0, "reward": 0.5})
+    assert monitor.disk_view(run)["charts_version"] != disk["charts_version"]
+
+
 def test_progress_stage_step_elapsed_eta_and_tokens():
     now = 2000.0
     view = {

@@ -80,4 +80,4 @@ def test_the_tick_answers_with_the_period_as_the_timer_value(tmp_path, monkeypat
     monkeypatch.setattr(demo.studio, "memory_mark", lambda view, every_s: every.append(every_s) or real_mark(view, every_s))
     periods = [poll.fn(Req(f"s{i}"))[-1] for i in range(6)]
     assert periods == [1.5, 2.0, 3.0, 4.0, 5.0, 6.0]  # budget 1 poll/s: N pages -> every N seconds
-    assert every == [5.0, 6.0, 9.0, 12.0, 15.0, 18.0]  # the memory chart: every 5 s, or 3 periods when paced
+    assert every == [5.0, 12.0, 18.0, 24.0, 30.0, 36.0]  # the memory chart: every 5 s, or 6 periods when paced

@@ -350,10 +350,10 @@ class Studio:
 
     def events_md(self, view: dict) -> str:
         """The run log (Markdown), once per version for every page."""
-        return self.answers.get(("events", view["version"]), lambda: render.events_md(view.get("events") or []))
+        return self.answers.get(("events", view["charts_version"]), lambda: render.events_md(view.get("events") or []))
 
     def chart_json(self, view: dict, names=TRAIN_CHARTS) -> dict[str, str]:
-        """Plotly JSON of the training charts of `view`, built once per version for every page."""
+        """Plotly JSON of the training charts of `view`, built once per `charts_version` for every page."""
         rev = view.get("run_id") or "none"
         metrics, stages, events = view.get("metrics") or [], view.get("stages"), view.get("events") or []
 
@@ -368,7 +368,7 @@ class Studio:
         def build_memory():
             return memory_figure(view.get("memory") or [], events, view.get("started"), rev).to_json()
 
-        out = dict(self.figures.get(("train", view["version"]), build_steps))
+        out = dict(self.figures.get(("train", view["charts_version"]), build_steps))
         if "memory" in names:
             out["memory"] = self.figures.get(("memory", rev, view.get("mem_version"), len(events)), build_memory)
         return {k: out[k] for k in names}

@@ -32,7 +32,8 @@ GSM8K_CHOICES = [
 ]
 assert [v for _, v in GSM8K_CHOICES] == list(GSM8K_MODES)
 
-MEMORY_EVERY_S = 5.0
+MEMORY_EVERY_S = 5.0  # the memory chart's redraw on a page; when the server stretches the poll period, every
+MEMORY_PERIODS = 6  # this many periods (30 pages: every 18 s), since each redraw is a request from every page
 
 STAGES_HELP = (
     "One row per curriculum stage, trained in order. **source**: `arithmetic` (generated sums; difficulty = "
@@ -239,10 +240,11 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
         view = studio.view()
         step = view.get("latest_step") or {}
         period = pacer.period(getattr(request, "session_hash", None))
+        memory_every = MEMORY_EVERY_S if period <= timer_s else max(MEMORY_EVERY_S, MEMORY_PERIODS * period)
         return [
             studio.status_line(view),
-            repr(view["version"]),
-            studio.memory_mark(view, max(MEMORY_EVERY_S, 3 * period)),  # many pages: the memory chart less often
+            repr(view["charts_version"]),  # once a step, not at every status update within it
+            studio.memory_mark(view, memory_every),
             repr((view["run_id"], step.get("step"), step.get("stage"))),
             period,
         ]
