@@ -1,20 +1,25 @@
 """Many pages watching one training run: how fast the server answers them, and what they cost training.
 
     python bench/watchers.py [--pages 30 100] [--seconds 60] [--model tiny|embedded|embedded-short]
-                             [--mode page|status] [--pages-priority normal|idle] [--training app|cli]
-                             [--out assets/watchers.json]
+                             [--mode page|status] [--pages-priority normal|idle]
+                             [--training app|app-thread|cli] [--rounds 1] [--out assets/watchers.json]
 
 It starts the real app (`python app.py`, as tests/app_server.py does: 127.0.0.1 on a free port, a
 temporary runs folder, offline), starts a training run through the app's own /start endpoint, and then:
 
-1. measures the training step time for `--seconds` with no page open (the baseline);
+1. measures the training step time for `--seconds` with no page open (a baseline phase);
 2. for each N in `--pages`: N simulated pages poll for `--seconds`, each at the period the server's
    last answer set (the Train tab's timer: 1.5 s, longer when many pages watch, `grpo_app/ui/pacing.py`),
    their first polls spread over 1.5 s; every answer's latency (request sent -> full answer
    read) and every error (HTTP status, Gradio error event, or no answer within 30 s) is recorded, and the
-   step times of the steps that ended in that window.
+   step times of the steps that ended in that window;
+3. another baseline phase; with `--rounds R`, steps 2-3 run R times. Each page phase's slowdown is taken
+   against the baseline phases just before and after it (their mean median step), because this host's
+   speed drifts over minutes; the summary per N pools its rounds.
 
-With `--training cli` the run is not started from the app but by `python -m grpo_app train` in a
+`--training app` (the default) is the app as it ships: its Start trains in a child process
+(`RunManager(process=True)`). `--training app-thread` starts the app with GRPO_APP_TRAIN_PROCESS=0, so
+the run trains in a thread of the server's process, as it did before. With `--training cli` the run is not started from the app but by `python -m grpo_app train` in a
 process of its own, into the runs folder the app serves; the app's Train tab then follows it through its
 files, as it does for any run another process trains, and the app process only serves the pages.
 
@@ -128,7 +133,7 @@ def start_cli_training(work: Path) -> tuple[subprocess.Popen, str]:
     raise SystemExit("the CLI training made no run folder within 300 s")
 
 
-def start_app(work: Path, model: str) -> tuple[subprocess.Popen, str]:
+def start_app(work: Path, model: str, thread: bool = False) -> tuple[subprocess.Popen, str]:
     from grpo_app.models import cache_root, embedded_model_dir
 
     embedded_model_dir()  # the tiny model borrows the embedded tokenizer
@@ -149,6 +154,7 @@ def start_app(work: Path, model: str) -> tuple[subprocess.Popen, str]:
         GRPO_APP_CACHE_DIR=str(cache_root()),
         GRPO_APP_CONFIGS_DIR=str(configs),
         GRPO_APP_DEFAULT_PRESET="bench-watchers",
+        GRPO_APP_TRAIN_PROCESS="0" if thread else "1",
     )
     env.pop("SPACE_ID", None)
     log = open(work / "app.log", "w")
@@ -397,19 +403,21 @@ def main() -> None:
     )
     ap.add_argument(
         "--training",
-        choices=["app", "cli"],
+        choices=["app", "app-thread", "cli"],
         default="app",
-        help="app: the app trains (a thread of the server's process, as Start does); cli: `python -m grpo_app "
-        "train` trains in a process of its own and the app follows the run through its files",
+        help="app: the app's Start trains (in a child process, as shipped); app-thread: the same with "
+        "GRPO_APP_TRAIN_PROCESS=0 (a thread of the server's process); cli: `python -m grpo_app train` trains in a "
+        "process of its own and the app follows the run through its files",
     )
+    ap.add_argument("--rounds", type=int, default=1, help="page phases (then a baseline) repeated this often")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    if any(n < 1 or n > 500 for n in args.pages) or not 5 <= args.seconds <= 1800:
-        raise SystemExit("--pages between 1 and 500, --seconds between 5 and 1800")
+    if any(n < 1 or n > 500 for n in args.pages) or not 5 <= args.seconds <= 1800 or not 1 <= args.rounds <= 10:
+        raise SystemExit("--pages between 1 and 500, --seconds between 5 and 1800, --rounds between 1 and 10")
 
     with tempfile.TemporaryDirectory(prefix="watchers-") as tmp:
         work = Path(tmp)
-        proc, url = start_app(work, args.model)
+        proc, url = start_app(work, args.model, thread=args.training == "app-thread")
         trainer = None
         try:
             if args.training == "cli":
@@ -420,22 +428,18 @@ def main() -> None:
             deadline = time.time() + 600
             while not step_times(metrics, 0, time.time()) and time.time() < deadline:
                 time.sleep(1)  # the model loaded and a first step ended: training is warm
-            t0 = time.time()
-            time.sleep(args.seconds)
-            base = step_times(metrics, t0, time.time())
-            phases = []
             if args.pages_priority == "idle":
                 os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # this process only (the app started)
-            for i, n in enumerate(args.pages):
-                t0, cpu0 = time.time(), time.process_time()
-                res = asyncio.run(watch(url, args.mode, n, args.seconds, seed=i))
-                res["pages_cpu_share_of_2_cores"] = round((time.process_time() - cpu0) / (time.time() - t0) / 2, 3)
-                steps = step_times(metrics, t0, time.time())
-                res["step_s_median"] = median(steps)
-                res["steps"] = len(steps)
-                if base and steps:
-                    res["training_slowdown"] = round(statistics.median(steps) / statistics.median(base) - 1, 3)
-                phases.append(res)
+            phases = [baseline_phase(metrics, args.seconds)]
+            for r in range(args.rounds):
+                for i, n in enumerate(args.pages):
+                    t0, cpu0 = time.time(), time.process_time()
+                    res = asyncio.run(watch(url, args.mode, n, args.seconds, seed=100 * r + i))
+                    res["pages_cpu_share_of_2_cores"] = round((time.process_time() - cpu0) / (time.time() - t0) / 2, 3)
+                    steps = step_times(metrics, t0, time.time())
+                    res.update(round=r, step_s_median=median(steps), steps=len(steps), step_s=steps)
+                    phases.append(res)
+                phases.append(baseline_phase(metrics, args.seconds))
         finally:
             if trainer is not None:
                 stop_app(trainer)  # SIGINT: the CLI stops its run and exits
@@ -447,11 +451,53 @@ def main() -> None:
         "seconds_per_phase": args.seconds,
         "pages_priority": args.pages_priority,
         "training": args.training,
-        "baseline": {"step_s_median": median(base), "steps": len(base)},
-        "phases": phases,
+        "poll_budget": float(os.environ.get("GRPO_APP_POLL_BUDGET", "10")),  # the app inherits this environment
+        "rounds": args.rounds,
+        "phases": with_slowdowns(phases),
+        "summary": summary(phases, args.pages),
         "command": "python bench/watchers.py " + " ".join(sys.argv[1:]),
     }
     emit(result, args.out)
+
+
+def baseline_phase(metrics: Path, seconds: float) -> dict:
+    t0 = time.time()
+    time.sleep(seconds)
+    steps = step_times(metrics, t0, time.time())
+    return {"pages": 0, "step_s_median": median(steps), "steps": len(steps), "step_s": steps}
+
+
+def with_slowdowns(phases: list[dict]) -> list[dict]:
+    """Each page phase gets `baseline_s` (the mean median step of the baseline phases just before and after
+    it) and `training_slowdown` against it."""
+    for i, ph in enumerate(phases):
+        if ph["pages"] == 0:
+            continue
+        before = next((p for p in reversed(phases[:i]) if p["pages"] == 0), None)
+        after = next((p for p in phases[i + 1 :] if p["pages"] == 0), None)
+        around = [p["step_s_median"] for p in (before, after) if p and p["step_s_median"]]
+        ph["baseline_s"] = round(statistics.mean(around), 3) if around else None
+        if ph["baseline_s"] and ph["step_s_median"]:
+            ph["training_slowdown"] = round(ph["step_s_median"] / ph["baseline_s"] - 1, 3)
+    return phases
+
+
+def summary(phases: list[dict], pages: list[int]) -> dict:
+    """Per N: every answer's errors and latency quantiles over its rounds, and the mean slowdown."""
+    base = [s for p in phases if p["pages"] == 0 for s in p["step_s"]]
+    out = {"baseline": {"step_s_median": median(base), "steps": len(base)}}
+    for n in pages:
+        mine = [p for p in phases if p["pages"] == n]
+        slow = [p["training_slowdown"] for p in mine if p.get("training_slowdown") is not None]
+        out[str(n)] = {
+            "answers": sum(p["answers"] for p in mine),
+            "errors": sum(p["errors"] for p in mine),
+            "p95_s_worst_round": max((p["p95_s"] for p in mine if p["p95_s"] is not None), default=None),
+            "step_s_median": median([s for p in mine for s in p["step_s"]]),
+            "training_slowdown_per_round": slow,
+            "training_slowdown_mean": round(statistics.mean(slow), 3) if slow else None,
+        }
+    return out
 
 
 if __name__ == "__main__":
