@@ -7,10 +7,12 @@ read this manager, never the engine's internals.
 
 Where the job runs:
 - `process=False` (the CLI, the tests): in a background thread of this process.
-- `process=True` (the web app): in a child process, `python -m grpo_app.train_child`. A web server
-  answering many pages holds Python's interpreter lock for each answer; a training thread beside it waits
-  for that lock between its many small tensor operations, so watching pages slowed the training (measured
-  in docs/performance.md). The child runs the same `run_job` with the same reporter; its reporter's live
+- `process=True` (the web app): in a child process, `python -m grpo_app.train_child`. A crash of the
+  training, or its being killed for memory, then leaves the server up (the run is marked failed), the
+  training's memory goes back to the system when the run ends, and the server's answers to pages never
+  hold the interpreter lock the training loop needs. (That last was expected to remove the slowdown that
+  watching pages cause; measured side by side, it does not: the pages' requests cost CPU on the same two
+  cores either way, docs/performance.md.) The child runs the same `run_job` with the same reporter; its reporter's live
   store is a pipe (`PipeStore`) whose lines a thread here applies to this manager's `RunStore`. Stop is a
   line on the child's stdin; the end of stdin (this server gone, even by kill -9) is a stop too, so an
   orphaned child ends at its next check and keeps its last complete step. The child holds the runs

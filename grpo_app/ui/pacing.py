@@ -6,9 +6,12 @@ pages every 1.5 s are 67 requests a second, more than a 2-core server answers wh
 drop. So the server sets the period. It counts the pages that polled lately and tells each page, in the
 answer to its poll (the gr.Timer's value: the browser restarts its timer with the new period), to poll
 every `max(base_s, pages / budget)` seconds, capped at `max_s`. All pages together then ask about
-`budget` times a second however many watch: 10 pages keep the 1.5 s period, 100 pages poll every 10 s
-at the default budget of 10 polls a second (`GRPO_APP_POLL_BUDGET`). A training step on 2 cores takes
-tens of seconds, so a 10 s period still shows every step.
+`budget` times a second however many watch: 7 pages keep the 1.5 s period, 30 pages poll every 6 s and
+100 pages every 20 s at the default budget of 5 polls a second (`GRPO_APP_POLL_BUDGET`). A training step
+on 2 cores takes tens of seconds, so those periods still show every step. The budget is a trade: each
+request costs the server 5-8 ms of CPU taken from the training's two cores, and each page also asks for
+the charts and the step view once a step; with 30 pages, a budget of 10 slowed the training ~21% and a
+budget of 5 ~5% (bench/watchers.py, docs/performance.md; the host's own drift is of that size too).
 
 A page counts as watching while it polled within the last `2 x period + 1` seconds (long enough to see
 every page at the current period, so the count does not swing). A browser tab in the background stops
@@ -23,12 +26,12 @@ import os
 import threading
 import time
 
-DEFAULT_BUDGET = 10.0  # polls per second the server answers for all pages together
+DEFAULT_BUDGET = 5.0  # polls per second the server answers for all pages together
 MAX_PERIOD_S = 30.0
 
 
 def budget_from_env() -> float:
-    """GRPO_APP_POLL_BUDGET (polls per second for all pages together; default 10). A value that is not a
+    """GRPO_APP_POLL_BUDGET (polls per second for all pages together; default 5). A value that is not a
     positive number falls back to the default."""
     try:
         v = float(os.environ.get("GRPO_APP_POLL_BUDGET", DEFAULT_BUDGET))
