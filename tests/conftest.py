@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,13 @@ def checkpoint_files(folder: Path) -> Path:
     torch.save({"state": {}}, folder / "optimizer.pt")
     (folder / "trainer_state.json").write_text(json.dumps({"global_step": 0}))
     return folder
+
+
+def wait_until(pred, timeout=120):
+    """Poll `pred` every 0.1 s until it is true (True) or `timeout` seconds pass (False)."""
+    t = time.time()
+    while time.time() - t < timeout:
+        if pred():
+            return True
+        time.sleep(0.1)
+    return False

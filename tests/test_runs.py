@@ -13,21 +13,13 @@ from grpo_app.fileio import append_jsonl, read_jsonl
 from grpo_app.manager import RunInProgressError, RunManager
 from grpo_app.runs import RunDir
 
-from .conftest import checkpoint_files
+from .conftest import checkpoint_files, wait_until
 
 
 def tiny_cfg(runs, *extra):
     return load_config("tests/configs/tiny.yaml", [f"run.output_dir={runs}",
                                                     "rewards.weights={correctness: 1.0, text_length: 1.0}", *extra])
 
-
-def wait_until(pred, timeout=120):
-    t = time.time()
-    while time.time() - t < timeout:
-        if pred():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_two_stage_run_with_ewc(runs_dir, varied_reward):

@@ -12,18 +12,12 @@ import pytest
 from grpo_app.config import load_config
 from grpo_app.manager import PipeStore, RunInProgressError, RunManager, RunStore, apply_store_line
 
+from .conftest import wait_until
+
 
 def cfg_for(runs, *extra):
     return load_config("tests/configs/tiny.yaml", [f"run.output_dir={runs}", *extra])
 
-
-def wait_until(pred, timeout=240):
-    t = time.time()
-    while time.time() - t < timeout:
-        if pred():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def events(run):
