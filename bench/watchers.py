@@ -24,9 +24,12 @@ process of its own, into the runs folder the app serves; the app's Train tab the
 files, as it does for any run another process trains, and the app process only serves the pages.
 
 A page (`--mode page`, the default) polls the way the browser does: the Train tab's timer event (`/poll`:
-the status line and three change markers), and when a marker changed, the event that draws that part
-(`/charts`, `/memory_chart`, `/latest_step`), as the page's own change listeners do; the latency reported
-is the poll's, the draws are counted and timed apart. A script (`--mode status`) calls the `/status`
+the status line and two change markers), and when a marker changed, the event that draws that part
+(`/draw`: everything a new step changes, in one request; `/memory_chart`), as the page's own change
+listeners do; the latency reported is the poll's, the draws are counted and timed apart. (Before
+2026-11-24 a step took three draws from a real page: `/charts`, `/latest_step` and, through the step
+view's change listener, a queued What-if update that this bench did not send; its figures from before
+then undercount a browser's requests by one per step.) A script (`--mode status`) calls the `/status`
 API. Both go through Gradio's HTTP routes as a browser or the Python client would (queued events: join +
 event stream; unqueued: one POST).
 
@@ -58,6 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import emit  # noqa: E402
+from grpo_app.ui.pacing import budget_from_env  # noqa: E402
 
 PERIOD_S = 1.5  # the Train tab's timer (GRPO_APP_TIMER_S default)
 ANSWER_TIMEOUT_S = 30.0
@@ -246,15 +250,26 @@ class Endpoint:
         self.queued = dep.get("queue") is not False and cfg.get("enable_queue", True)
         self.trigger_id = (dep.get("targets") or [[None]])[0][0]
         comps = {c["id"]: c for c in cfg["components"]}
-        # the page sends its inputs: a gr.State as null (the server holds it per session), the prompt picker as 0
-        self.data = [None if comps.get(i, {}).get("type") == "state" else 0 for i in dep.get("inputs", [])]
+        # the page sends its inputs: a gr.State as null (the server holds it per session), the prompt picker as 0,
+        # the What-if sliders at their minimum
+        self.data = [
+            None if comps.get(i, {}).get("type") == "state" else _value(comps.get(i, {})) for i in dep.get("inputs", [])
+        ]
         self.output_types = [comps.get(o, {}).get("type") for o in dep.get("outputs", [])]
+
+
+def _value(comp: dict):
+    """A number input's value as a page sends it: a slider at its minimum (valid whatever maximum the server set
+    for the session since: the What-if group size's maximum follows the run's G), anything else 0."""
+    props = comp.get("props") or {}
+    v = props.get("minimum") if comp.get("type") == "slider" else None
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
 
 
 class Page:
     """The events one simulated page sends."""
 
-    DRAWS = {1: "charts", 2: "memory_chart", 3: "latest_step"}  # /poll output index of a marker -> its event
+    DRAWS = {1: "draw", 2: "memory_chart"}  # /poll output index of a marker -> its event
 
     def __init__(self, url: str, mode: str):
         import httpx
@@ -451,7 +466,7 @@ def main() -> None:
         "seconds_per_phase": args.seconds,
         "pages_priority": args.pages_priority,
         "training": args.training,
-        "poll_budget": float(os.environ.get("GRPO_APP_POLL_BUDGET", "10")),  # the app inherits this environment
+        "poll_budget": budget_from_env(),  # the app inherits this environment
         "rounds": args.rounds,
         "phases": with_slowdowns(phases),
         "summary": summary(phases, args.pages),

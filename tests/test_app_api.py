@@ -67,19 +67,21 @@ def test_start_second_start_status_stop_resume(client, app_server):  # noqa: F81
     assert st["run_id"] == run_id and st["active"] and st["total_steps"] == 30 and st["n_stages"] == 2
     assert st["stage"] == 1 and st["tokens_per_s"] and st["elapsed_s"] > 0 and st["latest_step_groups"] == 2
 
-    # what a page's timer gets: the status line and three change markers; a changed marker makes the page ask
-    # for its part: the step charts with the recorded steps and the run log, the memory chart, the GRPO step
+    # what a page's timer gets: the status line and two change markers; a changed step marker makes the page ask
+    # for everything a step changes in one request: the step charts with the recorded steps, the run log, the
+    # latest GRPO step and the What-if box for it; the memory chart has its own marker
     poll = client.predict(api_name="/poll")
-    status_html, steps_mark = poll[0], poll[1]
-    assert run_id in status_html and "step <b>" in status_html and run_id in steps_mark
-    charts = client.predict(api_name="/charts")
-    reward = json.loads(charts[0]["plot"])
+    status_html, step_mark = poll[0], poll[1]
+    assert len(poll) == 4 and run_id in status_html and "step <b>" in status_html and run_id in step_mark
+    drawn = client.predict(0, 2, api_name="/draw")  # prompt 0, What-if group size 2 (the slider follows G)
+    reward = json.loads(drawn[0]["plot"])
     steps = reward["data"][0]["x"]
     assert len(steps) >= 2 and steps == sorted(steps) and reward["layout"]["uirevision"] == run_id
-    assert "Run log" in charts[4]
-    assert json.loads(client.predict(api_name="/memory_chart")["plot"])["data"]
-    step_view = client.predict(0, api_name="/latest_step")[1]
+    assert "Run log" in drawn[4]
+    step_view, what_if_box = drawn[6], drawn[-1]
     assert "Inside" not in step_view and "gs-table" in step_view  # the table of the latest group
+    assert "wi-adv" in what_if_box  # the What-if box recomputed for that group, with the run's weights
+    assert json.loads(client.predict(api_name="/memory_chart")["plot"])["data"]
 
     assert "Stopping" in client.predict(api_name="/stop")
     st = wait_for(lambda: (s := status(client))["state"] == "stopped" and s, 300, what="stopped")

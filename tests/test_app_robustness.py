@@ -273,10 +273,10 @@ def test_twenty_watchers_and_two_simultaneous_starts(app_server):  # noqa: F811
             c = app_server.client()
             deadline = time.time() + 300
             while time.time() < deadline:
-                if i % 2 == 0:  # half of them also tick like a page's timer (status line, markers, then charts)
+                if i % 2 == 0:  # half of them also tick like a page's timer (status line, markers, then the draw)
                     out = c.predict(api_name="/poll")
-                    assert len(out) == 5 and 1.0 <= out[4] <= 30  # markers, then the poll period the server sets
-                    assert len(c.predict(api_name="/charts")) == 5
+                    assert len(out) == 4 and 1.0 <= out[3] <= 30  # markers, then the poll period the server sets
+                    assert "layout" in json.loads(c.predict(0, 2, api_name="/draw")[0]["plot"])  # the reward chart
                     polls.append(1)
                 st = c.predict(api_name="/status")
                 assert st["run_id"] == run_id
@@ -297,7 +297,7 @@ def test_twenty_watchers_and_two_simultaneous_starts(app_server):  # noqa: F811
     assert finals == [8] * 20  # everyone saw the same final step count
     assert len(polls) >= 10
     last_poll = main.predict(api_name="/poll")
-    charts = main.predict(api_name="/charts")
+    charts = main.predict(0, 2, api_name="/draw")
     assert run_id in last_poll[0] and len(json.loads(charts[0]["plot"])["data"][0]["x"]) == 8
 
 

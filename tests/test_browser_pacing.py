@@ -1,8 +1,12 @@
 """A real page in headless Chromium polls at the period the server sets (ui/pacing.py): with a budget of
 0.25 polls a second for all pages, one open page is told to poll every 4 s instead of the timer's 1 s,
-and its browser does. The app runs in this process so the test can count the polls the server answered
-(the page's timer requests do not all show up as Playwright page requests)."""
+and its browser does. And while a run trains, the page asks for a new step once: one draw request, not
+one per part it shows. The app runs in this process so the test can count the requests the server
+answered (the page's timer requests do not all show up as Playwright page requests)."""
 
+import collections
+import functools
+import threading
 import time
 
 import pytest
@@ -48,3 +52,55 @@ def test_the_page_polls_at_the_period_the_server_sets(browser, served):  # noqa:
     # the timer's own 1 s would give ~16 polls; the server's 4 s period gives 4 (one more or less at the edges)
     assert 3 <= polls <= 6, (polls, seconds)
     assert demo.pacer.pages == 1
+
+
+def count_calls(demo) -> collections.Counter:
+    """Count every event function the server runs, by api name (or function name), from now on."""
+    counts, lock = collections.Counter(), threading.Lock()
+    for fid, bf in demo.fns.items():
+        if bf.fn is None:
+            continue
+        name = bf.api_name or getattr(bf.fn, "__name__", str(fid))
+
+        def counted(*a, _fn=bf.fn, _name=name, **k):
+            with lock:
+                counts[_name] += 1
+            return _fn(*a, **k)
+
+        bf.fn = functools.update_wrapper(counted, bf.fn)
+    return counts
+
+
+def test_a_new_step_costs_the_page_one_request(browser, served):  # noqa: F811
+    """Every request costs the server 5-8 ms of CPU taken from the training (docs/performance.md): before
+    2026-11-24 a page asked three times for each new step (charts, step view, then the What-if box through
+    the step view's change listener, queued)."""
+    demo, url = served
+    counts = count_calls(demo)
+    pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+    pg.set_default_timeout(TIMEOUT_MS)
+    pg.goto(url)
+    pg.wait_for_selector("#start-btn")
+    pg.click("#start-btn")
+    try:
+        deadline = time.monotonic() + 120
+        while len(demo.studio.view()["metrics"]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(4)  # the page has drawn the run once
+        before, steps0 = collections.Counter(counts), len(demo.studio.view()["metrics"])
+        time.sleep(16)
+        calls = counts - before
+        steps = len(demo.studio.view()["metrics"]) - steps0
+        # the run's steps are shorter than the page's 4 s period: every poll sees a new step
+        assert steps >= 8 and 3 <= calls["poll"] <= 6, (steps, calls)
+        other = {k: n for k, n in calls.items() if k not in ("poll", "draw", "memory_chart")}
+        assert other == {}, other  # nothing else runs for a new step (before: latest_step, on_step)
+        assert 1 <= calls["draw"] <= calls["poll"], calls  # at most one draw per poll
+        # and the one draw brought everything a step changes: charts, the step's table, the What-if box
+        pg.wait_for_selector("#grpo-step .gs-table")
+        pg.wait_for_selector("#what-if .wi-adv")
+        assert pg.locator("#chart-reward .js-plotly-plot").count() == 1
+    finally:
+        demo.studio.stop()
+        demo.studio.manager.wait(120)
+        pg.close()

@@ -10,8 +10,9 @@ every `max(base_s, pages / budget)` seconds, capped at `max_s`. All pages togeth
 100 pages every 20 s at the default budget of 5 polls a second (`GRPO_APP_POLL_BUDGET`). A training step
 on 2 cores takes tens of seconds, so those periods still show every step. The budget is a trade: each
 request costs the server 5-8 ms of CPU taken from the training's two cores, and each page also asks for
-the charts and the step view once a step; with 30 pages, a budget of 10 slowed the training ~21% and a
-budget of 5 ~5% (bench/watchers.py, docs/performance.md; the host's own drift is of that size too).
+everything a new step changes once a step (one `/draw` request: charts, run log, step view, What-if); with
+30 pages, a budget of 10 slowed the training ~21% and a budget of 5 ~5% (bench/watchers.py,
+docs/performance.md; the host's own drift is of that size too).
 
 A page counts as watching while it polled within the last `2 x period + 1` seconds (long enough to see
 every page at the current period, so the count does not swing). A browser tab in the background stops

@@ -2,13 +2,16 @@
 "Inside a GRPO step".
 
 Every page polls with a gr.Timer. A tick reads the studio's shared view (recomputed at most twice
-a second for all pages), sends the status line, and sends a chart only when the run's version
-marker changed since this page last drew it — the figures, the status line and the run log are
-built once per change for everybody, and the figures carry `uirevision` so a redraw keeps the
-viewer's zoom. A page opened (or reloaded) during a run gets the whole history on its first tick.
-The tick and the /status API are unqueued (one plain POST each, no queue round trip): they only
-read ready-made answers, so a room of watchers costs the training job little. Each answer also sets
-the page's timer: with many pages watching, the server asks each to poll less often (`pacing.py`).
+a second for all pages) and sends the status line and two change markers; when the step marker moved,
+the page makes **one** more request (`/draw`) that brings everything a new step changes: the step
+charts, the run log, the latest GRPO step and the What-if box's numbers for it; the memory chart has
+its own, slower marker. The figures, the status line and the run log are built once per change for
+everybody, and the figures carry `uirevision` so a redraw keeps the viewer's zoom. A page opened (or
+reloaded) during a run gets the whole history on its first tick. The tick, the draws and the /status
+API are unqueued (one plain POST each, no queue round trip): every request costs the server 5-8 ms of
+CPU whatever it carries, taken from the training's cores, so a page asks as little as it can. Each
+tick's answer also sets the page's timer: with many pages watching, the server asks each to poll less
+often (`pacing.py`).
 """
 
 from __future__ import annotations
@@ -195,9 +198,9 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
         choices=[], value=None, label="Prompt of this step", allow_custom_value=True, elem_id="step-group"
     )
     step_view = gr.HTML(render.step_html(None), elem_id="grpo-step")
-    _create_what_if(studio, group, step_view)
+    what_if = _create_what_if(studio, group)
     # change markers (hidden; see the tick): a gr.State's .change would not fire after an unqueued event
-    steps_mark, memory_mark, step_mark = (gr.Textbox(visible=False, elem_id=f"mark-{k}") for k in ("steps", "mem", "step"))
+    step_mark, memory_mark = (gr.Textbox(visible=False, elem_id=f"mark-{k}") for k in ("step", "mem"))
 
     form_inputs = [preset, model, gsm8k, upload, stages, num_gen, length, prompts, lr, ewc, lam, lora, seed, run_name]
     slot_components = {
@@ -229,11 +232,11 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
     # (ui/pacing.py: many pages poll less often, so they cannot starve the server or the training).
     timer = gr.Timer(timer_s)
     pacer = PollPacer(timer_s, budget_from_env(), max_s=max(MAX_PERIOD_S, timer_s))
-    tick_outputs = [status, steps_mark, memory_mark, step_mark, timer]
+    tick_outputs = [status, step_mark, memory_mark, timer]
 
-    # ---- the tick: a status line and three change markers ------------------------------------------
+    # ---- the tick: a status line and two change markers --------------------------------------------
     # Each marker is a hidden Textbox whose .change event (fired only when its value changed) draws its part:
-    # the step charts and run log, the memory chart, the latest GRPO step. A tick itself returns five small
+    # everything a new step changes (one request), and the memory chart. A tick itself returns four small
     # values; no output is ever skipped with gr.update(), which Gradio handles by building a new component.
     @guard("refresh the training view")
     def tick(request: gr.Request):
@@ -243,41 +246,51 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
         memory_every = MEMORY_EVERY_S if period <= timer_s else max(MEMORY_EVERY_S, MEMORY_PERIODS * period)
         return [
             studio.status_line(view),
-            repr(view["charts_version"]),  # once a step, not at every status update within it
+            # once a step (and when the run log grows), not at every status update within it
+            repr((view["charts_version"], step.get("step"), step.get("stage"))),
             studio.memory_mark(view, memory_every),
-            repr((view["run_id"], step.get("step"), step.get("stage"))),
             period,
         ]
 
-    @guard("draw the training charts")
-    def draw_steps():
+    @guard("draw the training view")
+    def draw(prompt, *what_if_values):
+        """One request per step: the step charts, the run log, the latest step's prompt picker and table, and the
+        What-if box recomputed for it (before 2026-11-24 these were three requests, one of them queued)."""
         view = studio.view()
         js = studio.chart_json(view, [k for k in TRAIN_CHARTS if k != "memory"])
-        return [*[plot(js[k]) for k in TRAIN_CHARTS if k != "memory"], studio.events_md(view)]
+        step = view.get("latest_step")
+        choices = render.group_choices(step)
+        g = _group_index(prompt)
+        g = g if g < len(choices) else 0
+        return [
+            *[plot(js[k]) for k in TRAIN_CHARTS if k != "memory"],
+            studio.events_md(view),
+            gr.update(choices=choices, value=g if choices else None),
+            render.step_html(step, g),
+            *what_if.sync(view, g, *what_if_values),
+        ]
 
     @guard("draw the memory chart")
     def draw_memory():
         return plot(studio.chart_json(studio.view(), ["memory"])["memory"])
 
-    @guard("show the latest step")
-    def draw_step(prompt):
-        step = studio.view().get("latest_step")
-        choices = render.group_choices(step)
-        g = _group_index(prompt)
-        g = g if g < len(choices) else 0
-        return gr.update(choices=choices, value=g if choices else None), render.step_html(step, g)
-
     timer.tick(tick, None, tick_outputs, api_name="poll", show_progress="hidden", queue=False, trigger_mode="always_last")
     fast = dict(show_progress="hidden", queue=False, trigger_mode="always_last")
-    steps_mark.change(draw_steps, None, [*steps_plots, events_md], api_name="charts", **fast)
+    step_mark.change(
+        draw,
+        [group, *what_if.inputs],
+        [*steps_plots, events_md, group, step_view, *what_if.outputs],
+        api_name="draw",
+        **fast,
+    )
     memory_mark.change(draw_memory, None, [memory_plot], api_name="memory_chart", **fast)
-    step_mark.change(draw_step, [group], [group, step_view], api_name="latest_step", **fast)
 
     @guard("show that prompt")
     def pick_group(prompt):
         view = studio.view()
         return render.step_html(view.get("latest_step"), _group_index(prompt))
 
+    # the What-if box follows the picker through its own group.input listener (`_create_what_if`)
     group.input(pick_group, [group], [step_view], api_name="step_group", show_progress="hidden", concurrency_limit=None)
 
     # ---- actions ---------------------------------------------------------------------------------
@@ -398,9 +411,20 @@ WHAT_IF_HELP = (
 )
 
 
-def _create_what_if(studio: Studio, group: gr.Dropdown, step_view: gr.HTML) -> None:
+@dataclass
+class WhatIfBox:
+    """What the Train tab's per-step draw needs from the What-if box: `sync(view, group, *inputs)` gives the
+    `outputs` for a new step (the run's weights on the sliders when the run changed, then the advantages)."""
+
+    inputs: list
+    outputs: list
+    sync: object
+
+
+def _create_what_if(studio: Studio, group: gr.Dropdown) -> WhatIfBox:
     """The "What if?" box under the step view: a slider per reward function and one for the group size; moving one
-    recomputes the shown prompt's advantages (`advantages.what_if`), no model involved."""
+    recomputes the shown prompt's advantages (`advantages.what_if`), no model involved. A new step reaches it
+    through the Train tab's one draw request (`WhatIfBox.sync`), not through a listener of its own."""
     from ..advantages import what_if
     from ..rewards import REWARD_FUNCS, reward_help
 
@@ -432,8 +456,8 @@ def _create_what_if(studio: Studio, group: gr.Dropdown, step_view: gr.HTML) -> N
         out = gr.HTML(render.what_if_html(None, 0, None), elem_id="what-if")
     applied = gr.State(None)  # the run whose weights the sliders were last set from
 
-    def current():
-        view = studio.view()
+    def current(view=None):
+        view = view or studio.view()
         step = view.get("latest_step")
         if not step or not step.get("groups"):
             return view, None
@@ -464,9 +488,9 @@ def _create_what_if(studio: Studio, group: gr.Dropdown, step_view: gr.HTML) -> N
         view, step = current()
         return recompute(step, view, g, n, dict(zip(names, values)))
 
-    @guard("load the run's weights")
-    def on_step(g, done, n, *values, force=False):
-        view, step = current()
+    def sync(view, g, done, n, *values, force=False):
+        """The box for the latest step: on a new run (or `force`), the run's reward weights and whole groups."""
+        view, step = current(view)
         if step is None:
             return [done, *[gr.skip()] * len(names), gr.skip(), render.what_if_html(None, 0, None)]
         big = max(len(x.get("completions") or []) for x in step["groups"])
@@ -491,17 +515,16 @@ def _create_what_if(studio: Studio, group: gr.Dropdown, step_view: gr.HTML) -> N
         )
     group.input(on_change, inputs, [out], api_visibility="undocumented", show_progress="hidden")
     sync_out = [applied, *sliders, size, out]
-    step_view.change(
-        on_step, [group, applied, size, *sliders], sync_out, api_visibility="undocumented", show_progress="hidden"
-    )
+
+    @guard("load the run's weights")
+    def on_reset(g, done, n, *values):
+        return sync(None, g, done, n, *values, force=True)
+
     reset.click(
-        lambda g, done, n, *v: on_step(g, done, n, *v, force=True),
-        [group, applied, size, *sliders],
-        sync_out,
-        api_visibility="undocumented",
-        show_progress="hidden",
+        on_reset, [group, applied, size, *sliders], sync_out, api_visibility="undocumented", show_progress="hidden"
     )
     gr.api(_what_if_api(studio), api_name="what_if", concurrency_limit=None)
+    return WhatIfBox(inputs=[applied, size, *sliders], outputs=sync_out, sync=sync)
 
 
 def _what_if_api(studio: Studio):
