@@ -1,6 +1,6 @@
 """A real page in headless Chromium polls at the period the server sets (ui/pacing.py): with a budget of
-0.25 polls a second for all pages, one open page is told to poll every 4 s instead of the timer's 1 s,
-and its browser does. And while a run trains, the page asks for a new step once: one draw request, not
+0.25 requests a second for all pages, one open page is told to poll every 4 s or more (more while the
+draws its polls lead to count too) instead of the timer's 1 s, and its browser does. And while a run trains, the page asks for a new step once: one draw request, not
 one per part it shows. The app runs in this process so the test can count the requests the server
 answered (the page's timer requests do not all show up as Playwright page requests)."""
 
@@ -49,8 +49,9 @@ def test_the_page_polls_at_the_period_the_server_sets(browser, served):  # noqa:
     time.sleep(16)
     polls, seconds = demo.pacer.polls - n0, time.monotonic() - t0
     pg.close()
-    # the timer's own 1 s would give ~16 polls; the server's 4 s period gives 4 (one more or less at the edges)
-    assert 3 <= polls <= 6, (polls, seconds)
+    # the timer's own 1 s would give ~16 polls; the server's 4 s period gives 4 (one more or less at the edges),
+    # fewer for a while after the page's first draws (the chart, the memory chart), which count against the budget
+    assert 2 <= polls <= 6, (polls, seconds)
     assert demo.pacer.pages == 1
 
 
@@ -77,6 +78,7 @@ def test_a_new_step_costs_the_page_one_request(browser, served):  # noqa: F811
     the step view's change listener, queued)."""
     demo, url = served
     counts = count_calls(demo)
+    budget, demo.pacer.budget = demo.pacer.budget, 1.0  # 1 request/s: a poll every 2-4 s, each with its draw
     pg = browser.new_page(viewport={"width": 1400, "height": 1000})
     pg.set_default_timeout(TIMEOUT_MS)
     pg.goto(url)
@@ -87,20 +89,22 @@ def test_a_new_step_costs_the_page_one_request(browser, served):  # noqa: F811
         while len(demo.studio.view()["metrics"]) < 2 and time.monotonic() < deadline:
             time.sleep(0.5)
         time.sleep(4)  # the page has drawn the run once
-        before, steps0 = collections.Counter(counts), len(demo.studio.view()["metrics"])
-        time.sleep(16)
+        before, steps0, draws0 = collections.Counter(counts), len(demo.studio.view()["metrics"]), demo.pacer.draws
+        time.sleep(20)
         calls = counts - before
-        steps = len(demo.studio.view()["metrics"]) - steps0
-        # the run's steps are shorter than the page's 4 s period: every poll sees a new step
-        assert steps >= 8 and 3 <= calls["poll"] <= 6, (steps, calls)
+        steps, draws = len(demo.studio.view()["metrics"]) - steps0, demo.pacer.draws - draws0
+        # the run's steps are shorter than the page's period: every poll sees a new step
+        assert steps >= 8 and 3 <= calls["poll"] <= 12, (steps, calls)
         other = {k: n for k, n in calls.items() if k not in ("poll", "draw", "memory_chart")}
         assert other == {}, other  # nothing else runs for a new step (before: latest_step, on_step)
         assert 1 <= calls["draw"] <= calls["poll"], calls  # at most one draw per poll
+        assert draws == calls["draw"] + calls["memory_chart"]  # the pacer hears of every draw (its budget counts them)
         # and the one draw brought everything a step changes: charts, the step's table, the What-if box
         pg.wait_for_selector("#grpo-step .gs-table")
         pg.wait_for_selector("#what-if .wi-adv")
         assert pg.locator("#chart-reward .js-plotly-plot").count() == 1
     finally:
+        demo.pacer.budget = budget
         demo.studio.stop()
         demo.studio.manager.wait(120)
         pg.close()

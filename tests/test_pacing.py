@@ -81,3 +81,39 @@ def test_the_tick_answers_with_the_period_as_the_timer_value(tmp_path, monkeypat
     periods = [poll.fn(Req(f"s{i}"))[-1] for i in range(6)]
     assert periods == [1.5, 2.0, 3.0, 4.0, 5.0, 6.0]  # budget 1 poll/s: N pages -> every N seconds
     assert every == [5.0, 12.0, 18.0, 24.0, 30.0, 36.0]  # the memory chart: every 5 s, or 6 periods when paced
+
+
+def settle_drawing(pacer: PollPacer, pages: int, draws_per_poll: float, rounds: int = 6) -> tuple[float, float]:
+    """As `settle`, each page's poll followed by its draws (every poll, or every other one for 0.5); returns
+    (period, requests per second of all pages together at that period)."""
+    t, period, owed = 0.0, pacer.base_s, 0.0
+    for _ in range(rounds):
+        for i in range(pages):
+            period = pacer.period(f"page-{i}", now=t + i * period / pages)
+            owed += draws_per_poll
+            while owed >= 1:
+                pacer.drew()
+                owed -= 1
+        t += period
+    return period, pages * (1 + draws_per_poll) / period
+
+
+@pytest.mark.parametrize("draws_per_poll", [0.0, 0.5, 1.0, 2.0])
+def test_the_draws_count_against_the_budget_too(draws_per_poll):
+    """A poll that shows a new step makes the page ask once more (`/draw`): with steps faster than the period,
+    every poll is followed by a draw and the pages made twice the budget's requests before draws counted."""
+    pacer = PollPacer(base_s=1.5, budget=5, max_s=30)
+    period, rate = settle_drawing(pacer, 30, draws_per_poll)
+    assert pacer.draws_per_poll == pytest.approx(draws_per_poll, abs=0.05)
+    assert rate <= 5.0 * 1.05  # polls and draws together within the budget
+    assert period == pytest.approx(30 * (1 + draws_per_poll) / 5, abs=0.6)  # and not slower than it needs
+
+
+def test_a_flood_of_draws_only_stretches_the_period_to_a_bound():
+    pacer = PollPacer(base_s=1.5, budget=5, max_s=100)
+    for _ in range(50):
+        for i in range(10):
+            for _ in range(1000):
+                pacer.drew()
+            period = pacer.period(f"page-{i}", now=0.0)
+    assert pacer.draws_per_poll <= 3 and period <= 10 * 4 / 5 + 0.5

@@ -5,14 +5,20 @@ pages every 1.5 s are 67 requests a second, more than a 2-core server answers wh
 15-20 a second were measured, `bench/watchers.py`): answers queue up, take seconds, and some connections
 drop. So the server sets the period. It counts the pages that polled lately and tells each page, in the
 answer to its poll (the gr.Timer's value: the browser restarts its timer with the new period), to poll
-every `max(base_s, pages / budget)` seconds, capped at `max_s`. All pages together then ask about
-`budget` times a second however many watch: 7 pages keep the 1.5 s period, 30 pages poll every 6 s and
-100 pages every 20 s at the default budget of 5 polls a second (`GRPO_APP_POLL_BUDGET`). A training step
-on 2 cores takes tens of seconds, so those periods still show every step. The budget is a trade: each
-request costs the server 5-8 ms of CPU taken from the training's two cores, and each page also asks for
-everything a new step changes once a step (one `/draw` request: charts, run log, step view, What-if); with
-30 pages, a budget of 10 slowed the training ~21% and a budget of 5 ~5% (bench/watchers.py,
-docs/performance.md; the host's own drift is of that size too).
+every `max(base_s, pages x (1 + draws per poll) / budget)` seconds, capped at `max_s`. A poll whose
+answer shows a new step makes the page ask once more (`/draw`, and now and then `/memory_chart`); the
+pacer hears of those draws (`drew`) and keeps a running mean of draws per poll, so all pages together
+make about `budget` requests a second however many watch and however fast the steps come. With slow
+steps (few draws) 30 pages poll about every 6-8 s at the default budget of 5 requests a second
+(`GRPO_APP_POLL_BUDGET`); with steps faster than the period (a draw after nearly every poll) every
+12-13 s; 100 pages every 20-30 s. A training step on 2 cores takes seconds to tens of seconds, and the
+charts show every step whenever they are drawn, so nothing is lost but the step view's in-between steps.
+
+Why the budget is small: each request costs the server 5-8 ms of CPU taken from the training's two
+cores, and more than that in training time, because the training's two threads meet at every parallel
+operation and a request that takes one core for a few milliseconds holds up both. Measured
+(bench/watchers.py, docs/performance.md): 30 pages at ~11.5 requests a second slowed 3-s steps ~16%;
+before draws counted, a poll budget of 10 slowed the training ~21% and 5 ~5% with 12-20 s steps.
 
 A page counts as watching while it polled within the last `2 x period + 1` seconds (long enough to see
 every page at the current period, so the count does not swing). A browser tab in the background stops
@@ -27,13 +33,13 @@ import os
 import threading
 import time
 
-DEFAULT_BUDGET = 5.0  # polls per second the server answers for all pages together
+DEFAULT_BUDGET = 5.0  # requests per second (polls and the draws they lead to) for all pages together
 MAX_PERIOD_S = 30.0
 
 
 def budget_from_env() -> float:
-    """GRPO_APP_POLL_BUDGET (polls per second for all pages together; default 5). A value that is not a
-    positive number falls back to the default."""
+    """GRPO_APP_POLL_BUDGET (requests per second for all pages together, polls and draws; default 5). A value
+    that is not a positive number falls back to the default."""
     try:
         v = float(os.environ.get("GRPO_APP_POLL_BUDGET", DEFAULT_BUDGET))
     except ValueError:
@@ -54,6 +60,15 @@ class PollPacer:
         self._period = self.base_s
         self._lock = threading.Lock()
         self.polls = 0  # polls answered since the server started
+        self.draws = 0  # draws answered since the server started (`drew`)
+        self._draws_pending = 0  # draws since the last poll
+        self.draws_per_poll = 0.0  # running mean over about one round of every page's polls
+
+    def drew(self) -> None:
+        """Record a draw request (a page asking for a part whose marker changed)."""
+        with self._lock:
+            self.draws += 1
+            self._draws_pending += 1
 
     def period(self, page: str | None, now: float | None = None) -> float:
         """Record a poll from `page` (a session id; None counts as one anonymous page) and return the period
@@ -62,6 +77,12 @@ class PollPacer:
         now = time.monotonic() if now is None else now
         with self._lock:
             self.polls += 1
+            # the draws since the previous poll, folded into a mean over about one poll of every page; a page
+            # draws at most twice per poll (step view, memory chart), so a script flooding /draw can at most
+            # stretch the period (to 4x at the cap of 3), as made-up page ids can
+            alpha = min(0.2, max(0.02, 1.0 / max(1, len(self._seen))))
+            self.draws_per_poll += alpha * (min(self._draws_pending, 3) - self.draws_per_poll)
+            self._draws_pending = 0
             seen = self._seen
             seen.pop(page or "", None)
             seen[page or ""] = now  # re-inserted: the dict stays ordered by last poll
@@ -71,7 +92,7 @@ class PollPacer:
                 if now - t <= window and len(seen) <= self.max_pages:
                     break
                 del seen[oldest]
-            wanted = max(self.base_s, len(seen) / self.budget)
+            wanted = max(self.base_s, len(seen) * (1.0 + self.draws_per_poll) / self.budget)
             self._period = min(self.max_s, math.ceil(wanted * 2) / 2)
             return self._period
 

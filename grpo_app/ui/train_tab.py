@@ -256,6 +256,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
     def draw(prompt, *what_if_values):
         """One request per step: the step charts, the run log, the latest step's prompt picker and table, and the
         What-if box recomputed for it (before 2026-11-24 these were three requests, one of them queued)."""
+        pacer.drew()
         view = studio.view()
         js = studio.chart_json(view, [k for k in TRAIN_CHARTS if k != "memory"])
         step = view.get("latest_step")
@@ -272,6 +273,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
 
     @guard("draw the memory chart")
     def draw_memory():
+        pacer.drew()
         return plot(studio.chart_json(studio.view(), ["memory"])["memory"])
 
     timer.tick(tick, None, tick_outputs, api_name="poll", show_progress="hidden", queue=False, trigger_mode="always_last")
