@@ -36,7 +36,17 @@ GSM8K_CHOICES = [
 assert [v for _, v in GSM8K_CHOICES] == list(GSM8K_MODES)
 
 MEMORY_EVERY_S = 5.0  # the memory chart's redraw on a page; when the server stretches the poll period, every
-MEMORY_PERIODS = 6  # this many periods (30 pages: every 18 s), since each redraw is a request from every page
+MEMORY_PERIODS = 6  # this many periods, since each redraw is a request from every page, rounded up to a rung of
+MEMORY_LADDER_S = (5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 180.0)  # this ladder: the mark is a time bucket of that
+# length, and a length that followed every small change of the period would move every page's mark at once
+
+
+def memory_every(period: float, timer_s: float) -> float:
+    """Seconds between memory-chart redraws for a page polling every `period` s (the tick's memory marker)."""
+    if period <= timer_s:
+        return MEMORY_EVERY_S
+    wanted = max(MEMORY_EVERY_S, MEMORY_PERIODS * period)
+    return next((s for s in MEMORY_LADDER_S if s >= wanted), MEMORY_LADDER_S[-1])
 
 STAGES_HELP = (
     "One row per curriculum stage, trained in order. **source**: `arithmetic` (generated sums; difficulty = "
@@ -243,12 +253,11 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
         view = studio.view()
         step = view.get("latest_step") or {}
         period = pacer.period(getattr(request, "session_hash", None))
-        memory_every = MEMORY_EVERY_S if period <= timer_s else max(MEMORY_EVERY_S, MEMORY_PERIODS * period)
         return [
             studio.status_line(view),
             # once a step (and when the run log grows), not at every status update within it
             repr((view["charts_version"], step.get("step"), step.get("stage"))),
-            studio.memory_mark(view, memory_every),
+            studio.memory_mark(view, memory_every(period, timer_s)),
             period,
         ]
 
