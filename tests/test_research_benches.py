@@ -90,3 +90,15 @@ def test_int8_sampler_bench_on_the_tiny_model(tmp_path):
     assert r["classroom_step"]["steps"] == 2 and r["classroom_step"]["sampling_share"] == 0.3
     s = r["sampler_speedup"]
     assert r["classroom_step"]["step_speedup_bound"] == pytest.approx(1 / (0.7 + 0.3 / s), abs=2e-3)
+
+
+def test_request_cost_bench_times_each_page_event(tmp_path):
+    """bench/request_cost.py: each Train-tab event a page sends, answered without error after a finished run;
+    the draw carries the charts and the step (much more than a poll's status line and markers)."""
+    out = tmp_path / "r.json"
+    r = _bench("request_cost.py", "--n", "25", "--out", str(out))
+    assert json.loads(out.read_text()) == r
+    assert r["run_steps"] == 30 and set(r["events"]) == {"poll", "draw", "memory_chart"}
+    ev = r["events"]
+    assert all(0 < e["median_ms"] <= e["p90_ms"] for e in ev.values())
+    assert ev["draw"]["answer_bytes"] > 10 * ev["poll"]["answer_bytes"]
