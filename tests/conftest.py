@@ -98,11 +98,11 @@ def checkpoint_files(folder: Path) -> Path:
     return folder
 
 
-def wait_until(pred, timeout=120):
-    """Poll `pred` every 0.1 s until it is true (True) or `timeout` seconds pass (False)."""
+def wait_until(pred, timeout=120, every=0.1):
+    """Poll `pred` every `every` seconds until it is true (True) or `timeout` seconds pass (False)."""
     t = time.time()
     while time.time() - t < timeout:
         if pred():
             return True
-        time.sleep(0.1)
+        time.sleep(every)
     return False

@@ -7,14 +7,11 @@ import pytest
 
 from grpo_app.jobs import CANCELLED, DONE, FAILED, RUNNING, JobQueue, QueueFullError
 
+from .conftest import wait_until
+
 
 def wait(pred, timeout=30):
-    t = time.time()
-    while time.time() - t < timeout:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return False
+    return wait_until(pred, timeout, every=0.02)
 
 
 def blocking_job(gate: threading.Event, result="ok", steps=None):

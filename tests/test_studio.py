@@ -10,7 +10,7 @@ from grpo_app.ui import render
 from grpo_app.ui.forms import FormError, TrainForm
 from grpo_app.ui.studio import FigureCache, Studio, ViewCache
 
-from .conftest import checkpoint_files
+from .conftest import checkpoint_files, wait_until
 
 APP_CONFIGS = Path("tests/configs/app")
 
@@ -33,12 +33,7 @@ def form(studio, preset="tiny-short", **over):
 
 
 def wait(pred, timeout=300):
-    t = time.time()
-    while time.time() - t < timeout:
-        if pred():
-            return True
-        time.sleep(0.2)
-    return False
+    return wait_until(pred, timeout, every=0.2)
 
 
 def test_presets_come_from_the_configs_folder(studio):
