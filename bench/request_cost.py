@@ -59,13 +59,7 @@ def main() -> None:
             result = {}
             with httpx.Client(timeout=30) as client:
                 for name, ep in events.items():
-                    body = {
-                        "data": ep.data,
-                        "event_data": None,
-                        "fn_index": ep.fn_index,
-                        "trigger_id": ep.trigger_id,
-                        "session_hash": "bench-page",
-                    }
+                    body = ep.body("bench-page")
                     times, size = [], 0
                     for _ in range(args.n):
                         t0 = time.perf_counter()

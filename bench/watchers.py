@@ -257,6 +257,16 @@ class Endpoint:
         ]
         self.output_types = [comps.get(o, {}).get("type") for o in dep.get("outputs", [])]
 
+    def body(self, session: str) -> dict:
+        """The JSON a page posts for this event (to /run/<name> unqueued, /queue/join queued)."""
+        return {
+            "data": self.data,
+            "event_data": None,
+            "fn_index": self.fn_index,
+            "trigger_id": self.trigger_id,
+            "session_hash": session,
+        }
+
 
 def _value(comp: dict):
     """A number input's value as a page sends it: a slider at its minimum (valid whatever maximum the server set
@@ -310,13 +320,7 @@ async def call(client, ep: Endpoint, session: str, script: bool = False):
         event_id = r.json()["event_id"]
         async with client.stream("GET", f"{api}/call/{ep.name}/{event_id}") as resp:
             return resp.status_code == 200 and await _read_events(resp, None), None
-    body = {
-        "data": ep.data,
-        "event_data": None,
-        "fn_index": ep.fn_index,
-        "trigger_id": ep.trigger_id,
-        "session_hash": session,
-    }
+    body = ep.body(session)
     if not ep.queued:  # what the page does for an unqueued event: one POST
         r = await client.post(f"{api}/run/{ep.name}", json=body)
         if r.status_code != 200:
