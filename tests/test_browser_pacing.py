@@ -97,7 +97,8 @@ def test_a_new_step_costs_the_page_one_request(browser, served):  # noqa: F811
         assert steps >= 8 and 3 <= calls["poll"] <= 12, (steps, calls)
         other = {k: n for k, n in calls.items() if k not in ("poll", "draw", "memory_chart")}
         assert other == {}, other  # nothing else runs for a new step (before: latest_step, on_step)
-        assert 1 <= calls["draw"] <= calls["poll"], calls  # at most one draw per poll
+        # at most one draw per poll (one more when the window opened between a poll and the draw it caused)
+        assert 1 <= calls["draw"] <= calls["poll"] + 1, calls
         assert draws == calls["draw"] + calls["memory_chart"]  # the pacer hears of every draw (its budget counts them)
         # and the one draw brought everything a step changes: charts, the step's table, the What-if box
         pg.wait_for_selector("#grpo-step .gs-table")

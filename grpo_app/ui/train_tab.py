@@ -22,6 +22,7 @@ import gradio as gr
 
 from ..config import GSM8K_MODES
 from . import render
+from .choices import PageChoices, session_of
 from .common import guard, plot, slot
 from .forms import SLOTS, STAGE_HEADERS, FormError, TrainForm
 from .pacing import MAX_PERIOD_S, PollPacer, budget_from_env
@@ -208,7 +209,8 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
         choices=[], value=None, label="Prompt of this step", allow_custom_value=True, elem_id="step-group"
     )
     step_view = gr.HTML(render.step_html(None), elem_id="grpo-step")
-    what_if = _create_what_if(studio, group)
+    picked = PageChoices()  # each page's prompt and What-if choices, as the server last heard them (ui/choices.py)
+    what_if = _create_what_if(studio, group, picked)
     # change markers (hidden; see the tick): a gr.State's .change would not fire after an unqueued event
     step_mark, memory_mark = (gr.Textbox(visible=False, elem_id=f"mark-{k}") for k in ("step", "mem"))
 
@@ -262,22 +264,34 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
         ]
 
     @guard("draw the training view")
-    def draw(prompt, *what_if_values):
+    def draw(request: gr.Request, prompt, *what_if_values):
         """One request per step: the step charts, the run log, the latest step's prompt picker and table, and the
-        What-if box recomputed for it (before 2026-11-24 these were three requests, one of them queued)."""
+        What-if box recomputed for it (before 2026-11-24 these were three requests, one of them queued).
+
+        The prompt and the What-if values come from what the page last chose as the server heard it (`picked`),
+        not from this request, which may have left the page before a slider moved (ui/choices.py); a choice that
+        arrives while this computes makes it compute again."""
         pacer.drew()
+        session = session_of(request)
         view = studio.view()
         js = studio.chart_json(view, [k for k in TRAIN_CHARTS if k != "memory"])
         step = view.get("latest_step")
         choices = render.group_choices(step)
-        g = _group_index(prompt)
-        g = g if g < len(choices) else 0
+        for _ in range(3):
+            mine = picked.get(session)
+            g = _group_index(mine.get("group", prompt))
+            g = g if g < len(choices) else 0
+            box, chosen = what_if.sync(view, g, mine, *what_if_values)
+            if picked.get(session).get("version") == mine.get("version"):
+                break
+        if chosen:
+            picked.remember(session, **chosen)
         return [
             *[plot(js[k]) for k in TRAIN_CHARTS if k != "memory"],
             studio.events_md(view),
             gr.update(choices=choices, value=g if choices else None),
             render.step_html(step, g),
-            *what_if.sync(view, g, *what_if_values),
+            *box,
         ]
 
     @guard("draw the memory chart")
@@ -297,7 +311,8 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
     memory_mark.change(draw_memory, None, [memory_plot], api_name="memory_chart", **fast)
 
     @guard("show that prompt")
-    def pick_group(prompt):
+    def pick_group(request: gr.Request, prompt):
+        picked.remember(session_of(request), group=_group_index(prompt))
         view = studio.view()
         return render.step_html(view.get("latest_step"), _group_index(prompt))
 
@@ -424,15 +439,16 @@ WHAT_IF_HELP = (
 
 @dataclass
 class WhatIfBox:
-    """What the Train tab's per-step draw needs from the What-if box: `sync(view, group, *inputs)` gives the
-    `outputs` for a new step (the run's weights on the sliders when the run changed, then the advantages)."""
+    """What the Train tab's per-step draw needs from the What-if box: `sync(view, group, choices, *inputs)` gives
+    the `outputs` for a new step (the run's weights on the sliders when the run changed, else the page's
+    `choices` from `PageChoices`, then the advantages) and the choices to remember (None when unchanged)."""
 
     inputs: list
     outputs: list
     sync: object
 
 
-def _create_what_if(studio: Studio, group: gr.Dropdown) -> WhatIfBox:
+def _create_what_if(studio: Studio, group: gr.Dropdown, picked: PageChoices) -> WhatIfBox:
     """The "What if?" box under the step view: a slider per reward function and one for the group size; moving one
     recomputes the shown prompt's advantages (`advantages.what_if`), no model involved. A new step reaches it
     through the Train tab's one draw request (`WhatIfBox.sync`), not through a listener of its own."""
@@ -495,31 +511,38 @@ def _create_what_if(studio: Studio, group: gr.Dropdown) -> WhatIfBox:
         return render.what_if_html(step, g, res)
 
     @guard("recompute the advantages")
-    def on_change(g, n, *values):
+    def on_change(request: gr.Request, g, n, *values):
+        picked.remember(session_of(request), group=_group_index(g), size=n, weights=list(values))
         view, step = current()
         return recompute(step, view, g, n, dict(zip(names, values)))
 
-    def sync(view, g, done, n, *values, force=False):
-        """The box for the latest step: on a new run (or `force`), the run's reward weights and whole groups."""
+    def sync(view, g, mine: dict, done, n, *values, force=False):
+        """The box for the latest step: on a new run (or `force`), the run's reward weights and whole groups;
+        else the weights and size the page chose last (`mine`, see ui/choices.py), or failing that the ones it
+        sent. Returns (outputs, choices to remember or None)."""
         view, step = current(view)
         if step is None:
-            return [done, *[gr.skip()] * len(names), gr.skip(), render.what_if_html(None, 0, None)]
+            return [done, *[gr.skip()] * len(names), gr.skip(), render.what_if_html(None, 0, None)], None
         big = max(len(x.get("completions") or []) for x in step["groups"])
-        if force or done != view.get("run_id"):
+        run_id = view.get("run_id")
+        if force or done != run_id:
             w = {k: float(v) for k, v in (step.get("weights") or {}).items()}
             ups = [gr.update(value=w.get(k, 0.0), maximum=max(2.0, w.get(k, 0.0))) for k in names]
             values, n = [w.get(k, 0.0) for k in names], big
-            return [
-                view.get("run_id"),
+            box = [
+                run_id,
                 *ups,
                 gr.update(value=big, maximum=big),
                 recompute(step, view, g, n, dict(zip(names, values))),
             ]
+            return box, {"run_id": run_id, "weights": values, "size": big}
+        if mine.get("run_id") == run_id and len(mine.get("weights") or ()) == len(names):
+            values, n = mine["weights"], mine.get("size", n)
         n = min(int(n or big), big)
         html = recompute(step, view, g, n, dict(zip(names, values)))
-        # the same run: the sliders keep their values (sent back as plain values: an update or gr.skip() per
+        # the same run: the sliders keep the page's values (sent back as plain values: an update or gr.skip() per
         # output made the per-step draw 30% dearer, 8.6 vs 6.6 ms of server time)
-        return [done, *values, n, html]
+        return [done, *values, n, html], None
 
     inputs = [group, size, *sliders]
     for c in (*sliders, size):
@@ -530,8 +553,11 @@ def _create_what_if(studio: Studio, group: gr.Dropdown) -> WhatIfBox:
     sync_out = [applied, *sliders, size, out]
 
     @guard("load the run's weights")
-    def on_reset(g, done, n, *values):
-        return sync(None, g, done, n, *values, force=True)
+    def on_reset(request: gr.Request, g, done, n, *values):
+        box, chosen = sync(None, g, {}, done, n, *values, force=True)
+        if chosen:
+            picked.remember(session_of(request), **chosen)
+        return box
 
     reset.click(
         on_reset, [group, applied, size, *sliders], sync_out, api_visibility="undocumented", show_progress="hidden"

@@ -1,0 +1,56 @@
+"""What each page last chose in the Train tab's step view (the prompt, the What-if weights and group size), kept
+on the server by session.
+
+Why the server keeps them: a new step reaches a page as one request (`/draw`) that redraws the prompt picker
+and the What-if box along with the charts. That request carries the page's values at the moment the step
+arrived. If the user moves a slider while it is in flight, the slider's own answer can come back first and the
+draw's answer second, putting the old weight back on the slider and the old advantages in the table (seen in CI
+on 2026-11-24: brevity set to 0, then back to 1 by a draw sent a moment earlier). So every handler that takes a
+choice from the page writes it here first, and the draw uses what is here, not what it was sent, re-reading when
+a choice arrived while it was computing (`version`).
+
+Bounded: the least recently used of more than `limit` pages is forgotten (that page then falls back to what it
+sends, which is right unless it is racing a slider).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+
+class PageChoices:
+    def __init__(self, limit: int = 1024):
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._pages: collections.OrderedDict[str, dict] = collections.OrderedDict()
+
+    def remember(self, session: str | None, **choice) -> None:
+        """Record the page's latest choices (any of: run_id, group, size, weights) and bump its version."""
+        if not session:
+            return
+        with self._lock:
+            entry = self._pages.pop(session, None) or {"version": 0}
+            entry.update(choice)
+            entry["version"] += 1
+            self._pages[session] = entry
+            while len(self._pages) > self.limit:
+                self._pages.popitem(last=False)
+
+    def get(self, session: str | None) -> dict:
+        """A copy of the page's choices ({} for a page not seen); 'version' counts the times they changed."""
+        if not session:
+            return {}
+        with self._lock:
+            entry = self._pages.get(session)
+            if entry is None:
+                return {}
+            self._pages.move_to_end(session)
+            return dict(entry)
+
+    def __len__(self) -> int:
+        return len(self._pages)
+
+
+def session_of(request) -> str | None:
+    return getattr(request, "session_hash", None) if request is not None else None

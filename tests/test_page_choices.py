@@ -1,0 +1,80 @@
+"""The step view's choices per page (ui/choices.py): a per-step draw that left the page before the user moved a
+What-if slider must not put the old weight back (CI failure of 2026-11-24, test_browser_views). In-process: the
+app's own event functions called in the order the browser's answers can arrive, no browser."""
+
+import json
+import re
+from types import SimpleNamespace
+
+from grpo_app.config import load_config
+from grpo_app.rewards import REWARD_FUNCS
+from grpo_app.runs import RunDir
+from grpo_app.ui import app as ui_app
+from grpo_app.ui.choices import PageChoices
+
+NAMES = list(REWARD_FUNCS)
+STEP = {
+    "step": 3,
+    "stage": 0,
+    "weights": {"correctness": 1.0, "brevity": 1.0},
+    "groups": [
+        {
+            "question": "What is 2 + 3?",
+            "answer": "5",
+            "completions": ["a", "b", "c", "d"],
+            "rewards": {"correctness": [0.0, 0.0, 0.0, 0.0], "brevity": [1.0, 0.5, 0.0, 1.0]},
+            "totals": [1.0, 0.5, 0.0, 1.0],
+            "advantages": [0.78, -0.26, -1.31, 0.78],
+        }
+    ],
+}
+
+
+def weights(**w) -> list[float]:
+    return [float(w.get(n, 0.0)) for n in NAMES]
+
+
+def advantages(html: str) -> list[str]:
+    return re.findall(r'class="num adv wi-adv"[^>]*>([^<]+)<', html)
+
+
+def test_choices_are_per_page_versioned_and_bounded():
+    c = PageChoices(limit=2)
+    assert c.get("a") == {} and c.get(None) == {}
+    c.remember(None, group=1)  # a request without a session is not remembered
+    assert len(c) == 0
+    c.remember("a", group=1)
+    c.remember("a", size=4)
+    assert c.get("a") == {"group": 1, "size": 4, "version": 2}
+    c.remember("b", group=0)
+    c.get("a")  # a page that asks stays; the least recently used one goes
+    c.remember("c", group=2)
+    assert c.get("b") == {} and c.get("a")["group"] == 1 and c.get("c")["version"] == 1
+
+
+def test_a_draw_sent_before_a_slider_moved_keeps_the_move(tmp_path):
+    root = tmp_path / "runs"
+    run = RunDir.create(root, load_config("quick"))
+    run.step_path.write_text(json.dumps(STEP))
+    demo = ui_app.build_app(runs_dir=root, configs_dir="tests/configs/app", default_preset="tiny-app")
+    fns = {bf.api_name or getattr(bf.fn, "__name__", ""): bf.fn for bf in demo.fns.values() if bf.fn}
+    draw, on_change, pick = fns["draw"], fns["on_change"], fns["step_group"]
+    page, other = SimpleNamespace(session_hash="page-1"), SimpleNamespace(session_hash="page-2")
+    run_w, no_brevity = weights(correctness=1, brevity=1), weights(correctness=1)
+
+    box = draw(page, 0, None, 8, *weights())[-10:]  # a new page: the run's weights, the whole group
+    assert box[0] == run.id and [u["value"] for u in box[1:8]] == run_w and box[8]["value"] == 4
+    assert advantages(box[9]) == ["+0.78", "-0.26", "-1.31", "+0.78"]  # the recorded ones
+
+    assert advantages(on_change(page, 0, 4, *no_brevity)) == ["+0.00"] * 4  # the user turns brevity off
+    # ... while a draw that left the page with brevity on is answered: it keeps brevity off
+    box = draw(page, 0, run.id, 4, *run_w)[-10:]
+    assert box[1:8] == no_brevity and advantages(box[9]) == ["+0.00"] * 4
+    # another page has its own choices
+    assert draw(other, 0, run.id, 4, *run_w)[-10:][1:8] == run_w
+
+    # the group size and the prompt are kept the same way
+    on_change(page, 0, 2, *run_w)
+    pick(page, 0)
+    box = draw(page, 0, run.id, 4, *run_w)[-10:]
+    assert box[8] == 2 and advantages(box[9]) == ["+0.71", "-0.71"]
