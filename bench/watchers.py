@@ -429,20 +429,11 @@ def main() -> None:
         "process of its own and the app follows the run through its files",
     )
     ap.add_argument("--rounds", type=int, default=1, help="page phases (then a baseline) repeated this often")
-    ap.add_argument(
-        "--server-nice",
-        type=int,
-        default=None,
-        help="GRPO_APP_SERVER_NICE for the app (0: its threads keep the priority of the training; default: the "
-        "app's own default, grpo_app/priority.py)",
-    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if any(n < 1 or n > 500 for n in args.pages) or not 5 <= args.seconds <= 1800 or not 1 <= args.rounds <= 10:
         raise SystemExit("--pages between 1 and 500, --seconds between 5 and 1800, --rounds between 1 and 10")
 
-    if args.server_nice is not None:
-        os.environ["GRPO_APP_SERVER_NICE"] = str(args.server_nice)  # the app inherits this environment
     with tempfile.TemporaryDirectory(prefix="watchers-") as tmp:
         work = Path(tmp)
         proc, url = start_app(work, args.model, thread=args.training == "app-thread")
@@ -456,7 +447,6 @@ def main() -> None:
             deadline = time.time() + 600
             while not step_times(metrics, 0, time.time()) and time.time() < deadline:
                 time.sleep(1)  # the model loaded and a first step ended: training is warm
-            priorities = thread_nices(proc.pid)
             if args.pages_priority == "idle":
                 os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # this process only (the app started)
             phases = [baseline_phase(metrics, args.seconds)]
@@ -481,40 +471,12 @@ def main() -> None:
         "pages_priority": args.pages_priority,
         "training": args.training,
         "poll_budget": budget_from_env(),  # the app inherits this environment
-        "server_nice": os.environ.get("GRPO_APP_SERVER_NICE", "app default"),
-        "thread_nice_values": priorities,  # measured once training ran: {"app": {nice: threads}, "training": ...}
         "rounds": args.rounds,
         "phases": with_slowdowns(phases),
         "summary": summary(phases, args.pages),
         "command": "python bench/watchers.py " + " ".join(sys.argv[1:]),
     }
     emit(result, args.out)
-
-
-def thread_nices(app_pid: int) -> dict:
-    """How many threads of the app's process, and of its child processes (the training), run at each nice value
-    (Linux /proc; {} elsewhere)."""
-    import psutil
-
-    def count(pid: int) -> dict:
-        out: dict[int, int] = {}
-        for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            nice = int(fields[16])  # field 19 of stat; fields[0] is field 3 (state)
-            out[nice] = out.get(nice, 0) + 1
-        return out
-
-    try:
-        children = psutil.Process(app_pid).children(recursive=True)
-    except psutil.Error:
-        children = []
-    res = {"app": count(app_pid)}
-    for c in children:
-        res[f"child {c.pid}"] = count(c.pid)
-    return res
 
 
 def baseline_phase(metrics: Path, seconds: float) -> dict:

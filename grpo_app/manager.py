@@ -307,8 +307,6 @@ class RunManager:
         self._run: RunDir | None = None
         self._reporter: _JobReporter | None = None
         self._file_lock = _TrainLock(self.root / ".train.lock")
-        # where trainings are started from: set by the app to a thread that keeps its priority (priority.py)
-        self.launcher = None
 
     # ---- state --------------------------------------------------------------------------------
     @property
@@ -390,12 +388,6 @@ class RunManager:
             **({} if resume else {"started": time.time()}),
         )
         self.store.update_status(**run.read_status())
-        if self.launcher is not None:  # the process or thread inherits the launcher's priority, not this thread's
-            self.launcher.run(self._start_training, run, resume)
-        else:
-            self._start_training(run, resume)
-
-    def _start_training(self, run: RunDir, resume: bool):
         if self.process:
             self._launch_child(run, resume)
             return

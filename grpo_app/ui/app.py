@@ -23,7 +23,6 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 
 from ..manager import RunManager  # noqa: E402
-from ..priority import Launcher, lower_threads, nice_from_env, thread_nice  # noqa: E402
 from ..system import quiet_libraries  # noqa: E402
 from .compare_tab import create_compare_tab  # noqa: E402
 from .pacing import MAX_PERIOD_S  # noqa: E402
@@ -212,11 +211,7 @@ def main() -> None:
     quiet_libraries()
     # The training runs in a child process, so pages being answered do not slow it (manager.py);
     # GRPO_APP_TRAIN_PROCESS=0 trains in a thread of the server instead.
-    manager = RunManager(process=os.environ.get("GRPO_APP_TRAIN_PROCESS", "1") != "0")
-    nice = nice_from_env()
-    if nice:  # trainings start from a thread made now, before the server's threads yield (grpo_app/priority.py)
-        manager.launcher = Launcher()
-    demo = build_app(manager=manager)
+    demo = build_app(manager=RunManager(process=os.environ.get("GRPO_APP_TRAIN_PROCESS", "1") != "0"))
     studio: Studio = demo.studio
     stop_asked = threading.Event()
     first_signal: list[float] = []
@@ -243,10 +238,6 @@ def main() -> None:
         studio.shutdown(timeout=1)
         sys.exit(1)
     keep_connections_alive(demo)
-    if nice:
-        changed = lower_threads(nice, keep={threading.get_native_id(), manager.launcher.native_id})
-        if changed is not None:
-            log.info("the server's threads run at nice %d, trainings at %d (GRPO_APP_SERVER_NICE)", nice, thread_nice())
     host, port = kwargs["server_name"], kwargs["server_port"]
     print(f"CPU GRPO Studio is serving on http://{host}:{port} (Ctrl-C stops it).", flush=True)
     try:
