@@ -61,7 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import emit  # noqa: E402
-from grpo_app.ui.pacing import budget_from_env  # noqa: E402
+from grpo_app.ui.pacing import budget_from_env, max_period_from_env  # noqa: E402
 
 PERIOD_S = 1.5  # the Train tab's timer (GRPO_APP_TIMER_S default)
 ANSWER_TIMEOUT_S = 30.0
@@ -471,6 +471,7 @@ def main() -> None:
         "pages_priority": args.pages_priority,
         "training": args.training,
         "poll_budget": budget_from_env(),  # the app inherits this environment
+        "max_poll_s": max_period_from_env(),
         "rounds": args.rounds,
         "phases": with_slowdowns(phases),
         "summary": summary(phases, args.pages),

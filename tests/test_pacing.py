@@ -84,6 +84,26 @@ def test_the_tick_answers_with_the_period_as_the_timer_value(tmp_path, monkeypat
     assert every == [5.0, 15.0, 30.0, 30.0, 30.0, 60.0]
 
 
+def test_the_period_cap_comes_from_the_env_and_reaches_the_tick_and_the_keep_alive(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from grpo_app.ui.pacing import MAX_PERIOD_S, max_period_from_env
+
+    for raw, want in (("abc", MAX_PERIOD_S), ("nan", MAX_PERIOD_S), ("1", 5.0), ("60", 60.0), ("1e9", 300.0)):
+        monkeypatch.setenv("GRPO_APP_MAX_POLL_S", raw)
+        assert max_period_from_env() == want
+    monkeypatch.setenv("GRPO_APP_MAX_POLL_S", "8")
+    monkeypatch.setenv("GRPO_APP_POLL_BUDGET", "1")
+    demo = ui_app.build_app(runs_dir=tmp_path / "runs", configs_dir="tests/configs/app", default_preset="tiny-app")
+    poll = next(fn for fn in demo.fns.values() if fn.api_name == "poll")
+    periods = [poll.fn(SimpleNamespace(session_hash=f"s{i}"))[-1] for i in range(12)]
+    assert periods[:8] == [1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0] and set(periods[8:]) == {8.0}  # capped at 8 s
+    # an idle connection outlives two of the longest periods
+    demo.server = SimpleNamespace(config=SimpleNamespace(timeout_keep_alive=5))
+    ui_app.keep_connections_alive(demo)
+    assert demo.server.config.timeout_keep_alive == 2 * 8 + 15
+
+
 def test_the_memory_mark_does_not_move_when_the_period_wobbles():
     """The memory marker is a time bucket of `memory_every` seconds: a length that followed every small change of
     the period (16.5, 17, 18 s as the draws-per-poll mean moves) gave a new bucket number, and every page redrew

@@ -25,7 +25,7 @@ import gradio as gr  # noqa: E402
 from ..manager import RunManager  # noqa: E402
 from ..system import quiet_libraries  # noqa: E402
 from .compare_tab import create_compare_tab  # noqa: E402
-from .pacing import MAX_PERIOD_S  # noqa: E402
+from .pacing import max_period_from_env  # noqa: E402
 from .runs_tab import create_runs_tab  # noqa: E402
 from .studio import Limits, Studio  # noqa: E402
 from .system_tab import create_system_tab  # noqa: E402
@@ -182,12 +182,14 @@ def launch_kwargs(limits: Limits | None = None) -> dict:
     }
 
 
-def keep_connections_alive(demo: gr.Blocks, seconds: float = 2 * MAX_PERIOD_S + 15) -> None:
+def keep_connections_alive(demo: gr.Blocks, seconds: float | None = None) -> None:
     """Let an idle connection live longer than the longest poll period. Uvicorn closes a connection idle
     for 5 s; pages that poll less often (many pages: every 10-30 s, ui/pacing.py) then send each poll on a
     connection the server may be closing at that moment, and a client that does not retry gets an error
     (bench/watchers.py saw 2-10 in ~3,000 polls at 100 pages). Gradio does not expose the setting; its
     server reads its config for each new connection, so this acts on every connection after launch."""
+    if seconds is None:  # twice the longest poll period, and some
+        seconds = 2 * getattr(getattr(demo, "pacer", None), "max_s", max_period_from_env()) + 15
     config = getattr(getattr(demo, "server", None), "config", None)
     if config is not None and hasattr(config, "timeout_keep_alive"):
         config.timeout_keep_alive = max(config.timeout_keep_alive, int(seconds))

@@ -24,6 +24,11 @@ A page counts as watching while it polled within the last `2 x period + 1` secon
 every page at the current period, so the count does not swing). A browser tab in the background stops
 polling (gr.Timer ticks only while the tab is visible) and drops out of the count. The table of pages is
 capped (`max_pages`): a script that makes up page ids only stretches the period, up to `max_s`.
+
+The cap (`GRPO_APP_MAX_POLL_S`, default 30 s) is the other side of the trade: no page waits longer than that
+for news, so past about 50 pages the budget is no longer kept (100 pages at 30 s make ~7-9 requests a second,
+docs/performance.md). A larger class that cares more about the training's speed than about fresh pages can
+raise it.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ import threading
 import time
 
 DEFAULT_BUDGET = 5.0  # requests per second (polls and the draws they lead to) for all pages together
-MAX_PERIOD_S = 30.0
+MAX_PERIOD_S = 30.0  # the default cap of the period (GRPO_APP_MAX_POLL_S)
+MAX_PERIOD_RANGE = (5.0, 300.0)
 
 
 def budget_from_env() -> float:
@@ -45,6 +51,18 @@ def budget_from_env() -> float:
     except ValueError:
         return DEFAULT_BUDGET
     return v if math.isfinite(v) and v > 0 else DEFAULT_BUDGET
+
+
+def max_period_from_env() -> float:
+    """GRPO_APP_MAX_POLL_S: the longest poll period in seconds (default 30, kept within 5-300). A value that is
+    not a number falls back to the default."""
+    try:
+        v = float(os.environ.get("GRPO_APP_MAX_POLL_S", MAX_PERIOD_S))
+    except ValueError:
+        return MAX_PERIOD_S
+    if not math.isfinite(v):
+        return MAX_PERIOD_S
+    return min(max(v, MAX_PERIOD_RANGE[0]), MAX_PERIOD_RANGE[1])
 
 
 class PollPacer:

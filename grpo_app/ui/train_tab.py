@@ -25,7 +25,7 @@ from . import render
 from .choices import PageChoices, session_of
 from .common import guard, plot, slot
 from .forms import SLOTS, STAGE_HEADERS, FormError, TrainForm
-from .pacing import MAX_PERIOD_S, PollPacer, budget_from_env
+from .pacing import PollPacer, budget_from_env, max_period_from_env
 from .studio import TRAIN_CHARTS, Studio
 
 GSM8K_CHOICES = [
@@ -243,7 +243,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
     # The timer's value is the poll period: each tick answers with the period the server wants now
     # (ui/pacing.py: many pages poll less often, so they cannot starve the server or the training).
     timer = gr.Timer(timer_s)
-    pacer = PollPacer(timer_s, budget_from_env(), max_s=max(MAX_PERIOD_S, timer_s))
+    pacer = PollPacer(timer_s, budget_from_env(), max_s=max(max_period_from_env(), timer_s))
     tick_outputs = [status, step_mark, memory_mark, timer]
 
     # ---- the tick: a status line and two change markers --------------------------------------------
