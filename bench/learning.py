@@ -21,6 +21,7 @@ held-out problems of each stage's task and on GSM8K test, paired (prints JSON, w
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -101,17 +102,17 @@ def chart(result: dict, html_path: Path, png_path: Path | None) -> None:
         lo = [c["accuracy"] - c["ci"][0] if c else 0 for c in cell]
         hi = [c["ci"][1] - c["accuracy"] if c else 0 for c in cell]
         fmt = [c["format_rate"] if c else None for c in cell]
-        name = names[m]
+        name = names.get(m, m)
         fig.add_bar(
             x=sets,
             y=acc,
             name=name,
-            marker_color=colors[m],
+            marker_color=colors.get(m),
             error_y={"type": "data", "array": hi, "arrayminus": lo},
             row=1,
             col=1,
         )
-        fig.add_bar(x=sets, y=fmt, name=name, marker_color=colors[m], showlegend=False, row=1, col=2)
+        fig.add_bar(x=sets, y=fmt, name=name, marker_color=colors.get(m), showlegend=False, row=1, col=2)
     fig.update_yaxes(tickformat=".0%", range=[0, 1])
     fig.update_layout(
         barmode="group",
@@ -157,7 +158,7 @@ def markdown(result: dict) -> str:
         return f"{c['accuracy']:.1%} [{c['ci'][0]:.1%}, {c['ci'][1]:.1%}] · {c['format_rate']:.0%}"
 
     cols = ["base", *(["after1"] if result.get("after_stage1") else []), *[m for m in result["models"] if m != "base"]]
-    lines = ["| held-out set (n) | " + " | ".join(names[m] for m in cols) + " | paired p (McNemar) |",
+    lines = ["| held-out set (n) | " + " | ".join(names.get(m, m) for m in cols) + " | paired p (McNemar) |",
              "|---|" + "---|" * (len(cols) + 1)]
     for set_name, ev in result["eval"].items():
         row = [f"{set_name} ({ev['n']})"]
@@ -172,7 +173,7 @@ def markdown(result: dict) -> str:
 
 def main() -> None:
     from grpo_app.config import load_config
-    from grpo_app.evaluation import CompareSpec, EvalSettings, paired, training_questions
+    from grpo_app.evaluation import CompareSpec, EvalSettings, gsm8k_test_leak, paired, training_questions
     from grpo_app.runs import RunDir, runs_root
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -182,7 +183,22 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=200, help="held-out problems per generated stage task")
     ap.add_argument("--gsm8k-n", type=int, default=200, help="GSM8K test problems (0 = skip)")
     ap.add_argument("--eval-seed", type=int, default=0)
-    ap.add_argument("--runs", nargs="*", default=[], metavar="NAME=RUN_DIR", help="reuse trained runs, e.g. ewc=models/runs/x")
+    ap.add_argument(
+        "--runs",
+        nargs="*",
+        default=[],
+        metavar="NAME=RUN_DIR",
+        help="reuse trained runs, e.g. ewc=models/runs/x; other names (e.g. seed1=models/runs/y) are scored as more models",
+    )
+    ap.add_argument("--no-stage-sets", action="store_true", help="score only the GSM8K column, not the stage tasks")
+    ap.add_argument(
+        "--gsm8k-source",
+        default="",
+        choices=["", "local", "hub"],
+        help="where the GSM8K column comes from (default: the run's own data.gsm8k; 'local' scores runs trained "
+        "offline, whose setting never loads GSM8K, on the local test split: such runs trained on gsm_symbolic, "
+        "templates of GSM8K test questions, so the column is marked not_held_out)",
+    )
     ap.add_argument("--out", default="assets/learning.json")
     ap.add_argument("--tag", default="", help="added to the run names (learning-TAG-ewc), e.g. for runs side by side")
     ap.add_argument("--eval-batch", type=int, default=32, help="problems per generation batch when scoring")
@@ -206,6 +222,8 @@ def main() -> None:
     if a.ablation:
         variants = {"ewc": ["ewc.enabled=true"], "noewc": ["ewc.enabled=false"]}
     trained: dict[str, dict] = {}
+    if any("=" not in x for x in a.runs):
+        ap.error("--runs takes NAME=RUN_DIR pairs.")
     given = dict(x.split("=", 1) for x in a.runs)
     for name, extra in variants.items():
         if name in given:
@@ -214,16 +232,23 @@ def main() -> None:
         vcfg = load_config(a.config, [*a.set, *extra])
         path, secs = train_variant(vcfg, f"{run_prefix}-{name}", root)
         trained[name] = {"run": str(path), "train_seconds": round(secs, 1)}
+    for name, folder in given.items():  # reused runs beyond the variants: more models on the same problems
+        if name not in trained:
+            if name in ("base", "after1") or not RUN_NAME_RE.match(name):
+                ap.error(f"--runs {name}=...: choose another name (letters, digits, '-', '_'; not base or after1).")
+            trained[name] = {"run": folder, "train_seconds": None}
 
     # The problem sets, described as the app's Compare tab describes them (evaluation.CompareSpec): every
     # variant trains on the same problems, so any of the runs defines what is held out.
     ref_run = RunDir(Path(next(iter(trained.values()))["run"]))
     specs: dict[str, CompareSpec] = {}
     for k, st in enumerate(cfg.stages):
-        if st.source != "gsm8k":  # (GSM8K stages are covered by the GSM8K column)
+        if st.source != "gsm8k" and not a.no_stage_sets:  # (GSM8K stages are covered by the GSM8K column)
             specs[f"stage {k + 1}: {st.name}"] = CompareSpec.for_run(ref_run, f"stage:{k}", a.n, a.eval_seed)
     if a.gsm8k_n:
         specs["GSM8K test"] = CompareSpec.for_run(ref_run, "gsm8k", a.gsm8k_n, a.eval_seed, max_new_tokens=256)
+        if a.gsm8k_source:
+            specs["GSM8K test"].data_cfg = dataclasses.replace(specs["GSM8K test"].data_cfg, gsm8k=a.gsm8k_source)
     exclude = training_questions(cfg)
     sets: dict[str, tuple] = {}
     for set_name, spec in specs.items():
@@ -264,6 +289,10 @@ def main() -> None:
         result["eval"][set_name] = {m: brief(r["summary"]) for m, r in recs.items()}
         result["eval"][set_name]["origin"] = origin
         result["eval"][set_name]["overlap_with_training"] = sum(1 for p in probs if p.question in exclude)
+        if set_name == "GSM8K test" and origin.startswith("GSM8K"):  # trained on GSM8K test stories? (Compare's note)
+            leaks = {m: gsm8k_test_leak(RunDir(Path(v["run"]))) for m, v in trained.items()}
+            if any(leaks.values()):
+                result["eval"][set_name]["not_held_out"] = {m: why for m, why in leaks.items() if why}
         pr = {}
         for m in models:
             if m == "base":
