@@ -281,6 +281,8 @@ def cmd_compare(args) -> int:
     ov = res.get("overlap_with_training")
     if ov:
         print(f"checked: {ov['in_training']} of these {ov['n']} problems occur in the run's training pools")
+    if res.get("not_held_out"):
+        print(f"not held out: {res['not_held_out']}")
     print(f"base     {_fmt_pct(h['base_accuracy'], h['base_ci'])}   format {_fmt_pct(h['base_format'])}")
     print(f"trained  {_fmt_pct(h['trained_accuracy'], h['trained_ci'])}   format {_fmt_pct(h['trained_format'])}")
     p = res["paired"]

@@ -512,6 +512,27 @@ def training_questions(cfg) -> set[str]:
     return seen
 
 
+def gsm8k_test_leak(run) -> str:
+    """Why a GSM8K test score of `run` is not held out ('' when it is): a stage of the run trained on
+    gsm_symbolic problems, the offline stand-in for GSM8K, whose templates are GSM8K test questions
+    (data.GSM_SYMBOLIC_LEAK). Read from the stages the run actually started (their events say which
+    source each used, fallbacks included); a run that started none is judged by its config."""
+    from .data import GSM_SYMBOLIC_LEAK
+
+    cfg = run.config()
+    started = {int(ev["stage"]): ev.get("source") for ev in run.events() if ev.get("event") == "stage_start" and "stage" in ev}
+    names = []
+    for k, st in enumerate(cfg.stages):
+        source = started.get(k)
+        if source is None and not started:  # (never started: what it would use offline)
+            source = "gsm_symbolic" if st.source == "gsm_symbolic" or (st.source == "gsm8k" and cfg.data.gsm8k == "offline") else st.source
+        if source == "gsm_symbolic":
+            names.append(f"{k + 1} ({st.name})")
+    if not names:
+        return ""
+    return f"The run trained stage {', '.join(names)} on {GSM_SYMBOLIC_LEAK}."
+
+
 def stage_eval_settings(cfg, k: int, n: int, seed: int = 0, max_new_tokens: int | None = None) -> EvalSettings:
     """Settings that score problems like stage k's (GSM8K stages: the test split; generated: far seeds)."""
     st = cfg.stages[k]
@@ -683,6 +704,10 @@ def run_compare(spec: CompareSpec, report=None, should_stop=None, restrict_paths
     if exclude is not None:  # checked, not assumed
         qs = [r["question"] for r in result["base"]["records"]]
         result["overlap_with_training"] = {"n": len(qs), "in_training": sum(q in exclude for q in qs)}
+    if spec.stage is None and spec.run is not None and str(result.get("origin", "")).startswith("GSM8K"):
+        leak = gsm8k_test_leak(spec.run)  # real GSM8K test, after training on its templates
+        if leak:
+            result["not_held_out"] = leak
     if spec.run is not None:
         save_compare(result, spec.run.eval_dir / f"{spec.name}.json")
     result["what"] = spec.what

@@ -55,6 +55,8 @@ def result_note(result: dict) -> str:
         parts.append(f"GSM8K is not available on this server, so the problems are {origin} instead.")
     elif what:
         parts.append(f"Problem set: {what}.")
+    if isinstance(result.get("not_held_out"), str):
+        parts.append(result["not_held_out"])
     ov = result.get("overlap_with_training")
     if isinstance(ov, dict) and "in_training" in ov:
         if ov["in_training"]:
