@@ -33,6 +33,12 @@ then undercount a browser's requests by one per step.) A script (`--mode status`
 API. Both go through Gradio's HTTP routes as a browser or the Python client would (queued events: join +
 event stream; unqueued: one POST).
 
+Besides the quantiles of every poll, each phase reports `steady` (the same without each page's first
+poll: all pages open within 1.5 s and each then draws twice, a burst a class that opens the page before
+Start does not make), `slow_polls` (when in the phase each poll over 0.5 s was sent, and its latency) and
+`client_loop_lag` (how late this process's own event loop woke from 50-ms sleeps: with `--pages-priority
+idle` an answer can wait for the pages' process to get a core, a wait a browser elsewhere would not add).
+
 The pages run in this process (asyncio + httpx), on the same machine as the server: their own CPU time
 counts against training, as a worst case. Only 127.0.0.1 is contacted. The model is the tiny random one
 (`--model tiny`, seconds per step) or the embedded SmolLM2-135M with the classroom preset's step
@@ -354,9 +360,14 @@ async def page(client, pg: Page, until: float, out: dict, rng: random.Random) ->
     marks: dict = {}
     period = PERIOD_S
     await asyncio.sleep(rng.uniform(0, PERIOD_S))  # pages opened at different moments
+    first = True
     while time.time() < until:
         t0 = time.perf_counter()
+        n_before = len(out["latencies"])
         ok, data = await timed(call(client, pg.poll, session, script=pg.mode == "status"), out, "latencies")
+        if len(out["latencies"]) > n_before:  # answered: note when, and whether it was the page's opening poll
+            out["poll_log"].append((round(t0 - out["t0"], 3), round(out["latencies"][-1], 4), first))
+        first = False
         if ok and data:  # a changed marker: the page's change listener asks for that part
             for i, ep in pg.draws.items():
                 if i < len(data) and marks.get(i) != data[i]:
@@ -366,6 +377,16 @@ async def page(client, pg: Page, until: float, out: dict, rng: random.Random) ->
                 period = float(data[pg.timer_output])  # the server's period: the browser restarts its timer with it
                 out["periods"].append(period)
         await asyncio.sleep(max(0.0, period - (time.perf_counter() - t0)))  # the timer's period
+
+
+async def loop_lag(until: float, out: dict, tick: float = 0.05) -> None:
+    """How late this process's own event loop wakes up: with the pages at idle priority on a busy machine,
+    an answer can sit unread while the loop waits for a core, and that wait counts in the latencies (a page
+    in a browser on another machine would not have it)."""
+    while time.time() < until:
+        t0 = time.perf_counter()
+        await asyncio.sleep(tick)
+        out["lags"].append(max(0.0, time.perf_counter() - t0 - tick))
 
 
 def quantiles(xs: list[float]) -> dict:
@@ -381,13 +402,15 @@ async def watch(url: str, mode: str, n: int, seconds: float, seed: int) -> dict:
     import httpx
 
     pg = Page(url, mode)
-    out = {"latencies": [], "draws": [], "errors": 0, "error_kinds": {}, "periods": []}
+    out = {"latencies": [], "draws": [], "errors": 0, "error_kinds": {}, "periods": [], "poll_log": [], "lags": [],
+           "t0": time.perf_counter()}
     limits = httpx.Limits(max_connections=2 * n + 10, max_keepalive_connections=2 * n + 10)
     async with httpx.AsyncClient(timeout=ANSWER_TIMEOUT_S, limits=limits) as client:
         rng = random.Random(seed)
         until = time.time() + seconds
-        await asyncio.gather(*(page(client, pg, until, out, rng) for _ in range(n)))
+        await asyncio.gather(loop_lag(until, out), *(page(client, pg, until, out, rng) for _ in range(n)))
     polls = quantiles(out["latencies"])
+    steady = quantiles([lat for _, lat, first in out["poll_log"] if not first])
     return {
         "pages": n,
         "answers": polls["n"],
@@ -400,6 +423,11 @@ async def watch(url: str, mode: str, n: int, seconds: float, seed: int) -> dict:
         "poll_period_s": quantiles(out["periods"]) if out["periods"] else None,  # what the server told the pages
         "draws": quantiles(out["draws"]) if mode == "page" else None,
         "queued": pg.poll.queued,
+        # The same without each page's first poll (30 or 100 pages opening within 1.5 s, each then drawing
+        # the step view and the memory chart): the latencies of pages that are already open.
+        "steady": {"answers": steady["n"], "p50_s": steady["p50_s"], "p95_s": steady["p95_s"], "max_s": steady["max_s"]},
+        "client_loop_lag": quantiles(out["lags"]),  # this process's own wake-up delay (see loop_lag)
+        "slow_polls": [[t, lat] for t, lat, _ in out["poll_log"] if lat > 0.5][:300],  # [s into the phase, latency]
     }
 
 
@@ -513,6 +541,13 @@ def summary(phases: list[dict], pages: list[int]) -> dict:
             "answers": sum(p["answers"] for p in mine),
             "errors": sum(p["errors"] for p in mine),
             "p95_s_worst_round": max((p["p95_s"] for p in mine if p["p95_s"] is not None), default=None),
+            "steady_p95_s_worst_round": max(
+                (p["steady"]["p95_s"] for p in mine if p.get("steady", {}).get("p95_s") is not None), default=None
+            ),
+            "client_loop_lag_p95_s_worst_round": max(
+                (p["client_loop_lag"]["p95_s"] for p in mine if p.get("client_loop_lag", {}).get("p95_s") is not None),
+                default=None,
+            ),
             "step_s_median": median([s for p in mine for s in p["step_s"]]),
             "training_slowdown_per_round": slow,
             "training_slowdown_mean": round(statistics.mean(slow), 3) if slow else None,
