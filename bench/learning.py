@@ -69,14 +69,19 @@ def stage_end_model(base_name: str, ewc_folder: Path):
 
 
 def score(model_name, problems, settings, label: str) -> dict:
-    from grpo_app.evaluation import evaluate, load_for_eval
+    """A model's greedy answers, scored; a named model through the app's per-model cache (the base model
+    answers a problem set once across runs of this bench), a loader (the after-stage-1 model) afresh."""
+    from grpo_app.evaluation import evaluate, score_model
 
-    model, tok = model_name() if callable(model_name) else load_for_eval(model_name)[:2]
-    t0 = time.time()
-    res = evaluate(model, tok, problems, settings)
+    t0, reused = time.time(), False
+    if callable(model_name):
+        model, tok = model_name()
+        res = evaluate(model, tok, problems, settings)
+    else:
+        res, _, reused = score_model(model_name, problems, settings)
     print(
         f"#   {label}: acc {res['summary']['accuracy']:.3f} fmt {res['summary']['format_rate']:.3f} "
-        f"({time.time() - t0:.0f}s)",
+        f"({'cached' if reused else f'{time.time() - t0:.0f}s'})",
         file=sys.stderr,
         flush=True,
     )

@@ -277,7 +277,8 @@ def cmd_compare(args) -> int:
     print()
     h = headline(res)
     print(f"{spec.label()}")
-    print(f"{res['origin']}, n={h['n']}{' (cached)' if res.get('cached') else ''}")
+    reused = "" if res.get("cached") or not res.get("reused") else f" ({' and '.join(res['reused'])} answers reused)"
+    print(f"{res['origin']}, n={h['n']}{' (cached)' if res.get('cached') else ''}{reused}")
     ov = res.get("overlap_with_training")
     if ov:
         print(f"checked: {ov['in_training']} of these {ov['n']} problems occur in the run's training pools")

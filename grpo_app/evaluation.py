@@ -347,6 +347,31 @@ def eval_cache_dir() -> Path:
     return models_root() / "eval_cache"
 
 
+def problems_digest(problems: list[Problem]) -> str:
+    """The problems themselves (ids, questions, gold answers), not how they were asked for: the same settings
+    can draw other problems (GSM8K from a folder today, its offline stand-in yesterday)."""
+    h = hashlib.sha256()
+    for p in problems:
+        h.update(f"{p.id}\x1f{p.question}\x1f{p.answer}\x1e".encode())
+    return h.hexdigest()[:16]
+
+
+def _one_model_path(name: str, settings: EvalSettings, digest: str) -> Path:
+    return eval_cache_dir() / f"model-{cache_key([name], settings)}-p{digest}.json"
+
+
+def _cached_model_result(path: Path, n: int, pass_k: int) -> dict | None:
+    """One model's cached answers when the file is whole and holds every problem (and its pass@k samples)."""
+    from .fileio import read_json
+
+    res = read_json(path)
+    if not isinstance(res, dict) or not isinstance(res.get("records"), list) or len(res["records"]) != n:
+        return None
+    if pass_k and len((res.get("pass_k") or {}).get("records") or []) != n:
+        return None
+    return res
+
+
 def load_for_eval(name: str, int8: bool = False, restrict_paths: bool = False):
     model, tok, spec = load_model(name, restrict_paths=restrict_paths)
     if int8:
@@ -354,6 +379,54 @@ def load_for_eval(name: str, int8: bool = False, restrict_paths: bool = False):
     else:
         use_fast_attention(model)
     return model, tok, spec
+
+
+def score_model(
+    name: str,
+    problems: list[Problem],
+    settings: EvalSettings,
+    digest: str | None = None,
+    use_cache: bool = True,
+    progress: Callable[[int, int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    restrict_paths: bool = False,
+) -> tuple[dict, str, bool]:
+    """One model's greedy answers to `problems` (and its pass@k samples when settings.pass_k), scored:
+    (result, the model's label, whether it came from the cache). Cached per (model, settings, problems)
+    once whole; an interrupted scoring returns what it has and caches nothing. `progress(done, total)`
+    counts answers: n greedy, then n * K sampled."""
+    k, n_p = settings.pass_k, len(problems)
+    units = n_p * (1 + k)
+    path = _one_model_path(name, settings, digest or problems_digest(problems))
+    res = _cached_model_result(path, n_p, k) if use_cache else None
+    if res is not None:
+        if progress:
+            progress(units, units)
+        return res, resolve_model(name, restrict_paths).label, True
+    model, tok, spec = load_for_eval(name, settings.int8, restrict_paths)
+    res = evaluate(
+        model,
+        tok,
+        problems,
+        settings,
+        progress=(lambda d, t: progress(d, units)) if progress else None,
+        should_stop=should_stop,
+    )
+    if k and len(res["records"]) == n_p:
+        res["pass_k"] = sample_pass_k(
+            model,
+            tok,
+            problems,
+            settings,
+            progress=(lambda d, t: progress(n_p + d * k, units)) if progress else None,
+            should_stop=should_stop,
+        )
+    del model
+    if len(res["records"]) == n_p and (not k or len(res["pass_k"]["records"]) == n_p):
+        from .fileio import atomic_write_json
+
+        atomic_write_json(path, res)
+    return res, spec.label, False
 
 
 def compare_models(
@@ -367,13 +440,15 @@ def compare_models(
     restrict_paths: bool = False,
     exclude_questions: set[str] | None = None,
 ) -> dict:
-    """Evaluate two models on the same problems; cached per (models, settings, excluded questions).
+    """Evaluate two models on the same problems; cached per (models, settings, problems), and each model's
+    answers per (model, settings, problems), so a second run compared with the same base on the same
+    problems scores only the new model (greedy decoding over the same batches gives the same answers).
 
     exclude_questions: problems never to score (e.g. a run's training questions, for held-out sets)."""
     settings.validate()
-    key = cache_key([base, trained], settings)
-    if exclude_questions:
-        key += "-x" + hashlib.sha256("\n".join(sorted(exclude_questions)).encode()).hexdigest()[:8]
+    problems, origin = eval_problems(settings, data_cfg, exclude_questions)
+    digest = problems_digest(problems)
+    key = f"{cache_key([base, trained], settings)}-p{digest}"
     path = eval_cache_dir() / f"compare-{key}.json"
     if use_cache and path.is_file():
         res = json.loads(path.read_text())
@@ -381,7 +456,6 @@ def compare_models(
         for role, name in (("base", base), ("trained", trained)):  # (results cached before labels hid folders)
             res[f"{role}_label"] = model_label(name)
         return res
-    problems, origin = eval_problems(settings, data_cfg, exclude_questions)
     result = {
         "base_model": base,
         "trained_model": trained,
@@ -389,36 +463,28 @@ def compare_models(
         "origin": origin,
         "created": time.time(),
     }
-    k, n_p = settings.pass_k, len(problems)
-    units = n_p * (1 + k)  # progress counts answers: n greedy, then n * K sampled
+    units = len(problems) * (1 + settings.pass_k)  # progress counts answers: n greedy, then n * K sampled
+    result["reused"] = []
     for role, name in (("base", base), ("trained", trained)):
         if should_stop is not None and should_stop():
             raise InterruptedError("evaluation cancelled")
-        model, tok, spec = load_for_eval(name, settings.int8, restrict_paths)
-        res = evaluate(
-            model,
-            tok,
+        res, label, reused = score_model(
+            name,
             problems,
             settings,
+            digest=digest,
+            use_cache=use_cache,
             progress=(lambda d, t, r=role: progress(r, d, units)) if progress else None,
             should_stop=should_stop,
+            restrict_paths=restrict_paths,
         )
-        if k:
-            res["pass_k"] = sample_pass_k(
-                model,
-                tok,
-                problems,
-                settings,
-                progress=(lambda d, t, r=role: progress(r, n_p + d * k, units)) if progress else None,
-                should_stop=should_stop,
-            )
-            if len(res["pass_k"]["records"]) < n_p:
-                raise InterruptedError("evaluation cancelled")
-        result[role] = res
-        result[f"{role}_label"] = spec.label
-        del model
-    if len(result["base"]["records"]) < len(problems) or len(result["trained"]["records"]) < len(problems):
-        raise InterruptedError("evaluation cancelled")
+        result[role], result[f"{role}_label"] = res, label
+        if reused:
+            result["reused"].append(role)
+    k = settings.pass_k
+    for role in ("base", "trained"):
+        if len(result[role]["records"]) < len(problems) or (k and len(result[role]["pass_k"]["records"]) < len(problems)):
+            raise InterruptedError("evaluation cancelled")
     result["paired"] = paired(result["base"]["records"], result["trained"]["records"])
     result["paired_strict"] = paired(result["base"]["records"], result["trained"]["records"], "strict_correct")
     result["paired_format"] = paired(result["base"]["records"], result["trained"]["records"], "has_format")

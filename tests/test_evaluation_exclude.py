@@ -27,3 +27,54 @@ def test_compare_models_never_scores_excluded_questions(tmp_path, monkeypatch):
     assert {r["question"] for r in plain["base"]["records"]} & exclude
     again = compare_models("tiny-random", "tiny-random", settings, exclude_questions=exclude)
     assert again["cached"] and again["key"] == held["key"]
+
+
+def test_a_model_that_already_answered_these_problems_is_not_scored_again(tmp_path, monkeypatch):
+    """Each model's answers are cached per (model, settings, problems): comparing a second model with the same
+    base scores only the new one, and gives the base answers a fresh scoring gives."""
+    from grpo_app import evaluation
+    from grpo_app.models import cache_root
+
+    monkeypatch.setenv("GRPO_APP_CACHE_DIR", str(cache_root()))
+    monkeypatch.setenv("GRPO_APP_MODELS_DIR", str(tmp_path))
+    settings = EvalSettings(n=5, seed=1, max_new_tokens=8, source="arithmetic", min_difficulty=1, max_difficulty=1,
+                            extra={"max_digits": 1, "operators": "+"})
+    calls = []
+    real = evaluation.evaluate
+    monkeypatch.setattr(evaluation, "evaluate", lambda model, *a, **kw: calls.append(model) or real(model, *a, **kw))
+    first = compare_models("tiny-random", "tiny-random", settings)
+    assert len(calls) == 1 and first["reused"] == ["trained"]  # the same model: answered once
+    fresh = compare_models("tiny-random", "tiny-random", settings, use_cache=False)  # scored anew, both roles
+    assert len(calls) == 3 and fresh["reused"] == []
+    assert [r["output"] for r in fresh["base"]["records"]] == [r["output"] for r in first["base"]["records"]]
+    # Other problems (one left out): a new set, so both models are scored again, once.
+    other = compare_models("tiny-random", "tiny-random", settings, exclude_questions={first["base"]["records"][0]["question"]})
+    assert len(calls) == 4 and other["key"] != first["key"]
+    # A damaged cache file is not trusted: the model is scored again.
+    for f in tmp_path.glob("eval_cache/model-*.json"):
+        f.write_text('{"records": []}')
+    again = compare_models("tiny-random", "tiny-random", settings, use_cache=True)
+    assert again["cached"]  # (the pair's own result is whole)
+    for f in tmp_path.glob("eval_cache/compare-*.json"):
+        f.unlink()
+    rescored = compare_models("tiny-random", "tiny-random", settings)
+    assert len(calls) == 5 and rescored["reused"] == ["trained"]  # the base scored again, once
+
+
+def test_the_same_settings_on_other_problems_are_other_results(tmp_path, monkeypatch):
+    """The cache key holds the problems themselves: settings that draw other problems (GSM8K once missing, then
+    present) never return the earlier set's result."""
+    from grpo_app import evaluation
+    from grpo_app.models import cache_root
+
+    monkeypatch.setenv("GRPO_APP_CACHE_DIR", str(cache_root()))
+    monkeypatch.setenv("GRPO_APP_MODELS_DIR", str(tmp_path))
+    settings = EvalSettings(n=3, seed=0, max_new_tokens=8, source="arithmetic", min_difficulty=1, max_difficulty=1,
+                            extra={"max_digits": 1, "operators": "+"})
+    one = compare_models("tiny-random", "tiny-random", settings)
+    probs, origin = eval_problems(settings)
+    swapped = [type(p)(**{**p.__dict__, "question": p.question + " "}) for p in probs]
+    monkeypatch.setattr(evaluation, "eval_problems", lambda *a, **kw: (swapped, origin))
+    two = compare_models("tiny-random", "tiny-random", settings)
+    assert not two["cached"] and two["key"] != one["key"]
+    assert [r["question"] for r in two["base"]["records"]] == [p.question for p in swapped]

@@ -376,6 +376,9 @@ def compare_summary_html(result: dict) -> str:
     else:
         verdict = "The difference could well be chance (p ≥ 0.05): more problems or more training are needed to tell."
     cached = " · loaded from cache" if result.get("cached") else ""
+    reused = [r for r in result.get("reused") or [] if r in ("base", "trained")]
+    if reused and not result.get("cached"):  # one model's answers came from an earlier comparison
+        cached += f" · the {' and '.join(reused)} model's answers reused from an earlier comparison on these problems"
     return (
         f'<div class="cards">{_card("Base", result.get("base_label", result.get("base_model", "")), b)}'
         f"{_card('Trained', result.get('trained_label', result.get('trained_model', '')), t)}</div>"
