@@ -561,6 +561,7 @@ def evaluate_run_vs_base(run, n: int = 100, seed: int = 0, progress=None, should
     spec = CompareSpec.for_run(run, "gsm8k", n=n, seed=seed)
     spec.name = f"gsm8k-n{n}-seed{seed}"
     result = compare_models(spec.base, spec.trained, spec.settings, spec.data_cfg, progress, should_stop)
+    mark_not_held_out(spec, result)
     save_compare(result, run.eval_dir / f"{spec.name}.json")
     return headline(result)
 
@@ -725,6 +726,14 @@ class CompareSpec:
         return json.dumps([self.base, self.trained, asdict(self.settings), self.stage], sort_keys=True, default=str)
 
 
+def mark_not_held_out(spec: CompareSpec, result: dict) -> None:
+    """A run's score on real GSM8K test after it trained on GSM8K test stories gets `not_held_out` (why)."""
+    if spec.stage is None and spec.run is not None and str(result.get("origin", "")).startswith("GSM8K"):
+        leak = gsm8k_test_leak(spec.run)
+        if leak:
+            result["not_held_out"] = leak
+
+
 def parse_eval_set(eval_set: str, n_stages: int) -> int | None:
     """'gsm8k' -> None; 'stage:K' -> K (0-based, checked against the run's stages); else ValueError."""
     eval_set = eval_set if isinstance(eval_set, str) else ""
@@ -770,10 +779,7 @@ def run_compare(spec: CompareSpec, report=None, should_stop=None, restrict_paths
     if exclude is not None:  # checked, not assumed
         qs = [r["question"] for r in result["base"]["records"]]
         result["overlap_with_training"] = {"n": len(qs), "in_training": sum(q in exclude for q in qs)}
-    if spec.stage is None and spec.run is not None and str(result.get("origin", "")).startswith("GSM8K"):
-        leak = gsm8k_test_leak(spec.run)  # real GSM8K test, after training on its templates
-        if leak:
-            result["not_held_out"] = leak
+    mark_not_held_out(spec, result)
     if spec.run is not None:
         save_compare(result, spec.run.eval_dir / f"{spec.name}.json")
     result["what"] = spec.what

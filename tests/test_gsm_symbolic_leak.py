@@ -96,3 +96,21 @@ def test_run_compare_marks_a_gsm8k_score_that_is_not_held_out(tmp_path, monkeypa
     assert ("not_held_out" in saved) is flagged
     if flagged:
         assert "templates of GSM8K test questions" in result_note({**res, "what": "GSM8K test"})
+
+
+def test_the_evaluation_after_training_marks_it_too(tmp_path, monkeypatch):
+    from grpo_app import evaluation
+
+    run = _run(tmp_path, ["data.gsm8k=offline"])
+    rec = {"id": "p0", "difficulty": 1, "question": "q", "gold": "3", "pred": "3", "output": "#### 3",
+           "correct": 1, "strict_correct": 1, "has_format": 1}
+    summary = {"n": 1, "accuracy": 1.0, "ci": [0.2, 1.0], "format_rate": 1.0}
+
+    def fake_compare(*a, **kw):
+        return {"origin": "GSM8K test (local folder x)", "paired": {"p_value": 1.0},
+                "base": {"records": [rec], "summary": summary}, "trained": {"records": [rec], "summary": summary}}
+
+    monkeypatch.setattr(evaluation, "compare_models", fake_compare)
+    evaluation.evaluate_run_vs_base(run, n=1)
+    saved = json.loads(next(run.eval_dir.glob("*.json")).read_text())
+    assert "templates of GSM8K test questions" in saved["not_held_out"]
