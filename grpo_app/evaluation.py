@@ -360,16 +360,19 @@ def _one_model_path(name: str, settings: EvalSettings, digest: str) -> Path:
     return eval_cache_dir() / f"model-{cache_key([name], settings)}-p{digest}.json"
 
 
+def _is_whole(res, n: int, pass_k: int) -> bool:
+    """One model's result holds an answer to each of the n problems (and its pass@k samples when asked)."""
+    if not isinstance(res, dict) or not isinstance(res.get("records"), list) or len(res["records"]) != n:
+        return False
+    return not pass_k or len((res.get("pass_k") or {}).get("records") or []) == n
+
+
 def _cached_model_result(path: Path, n: int, pass_k: int) -> dict | None:
-    """One model's cached answers when the file is whole and holds every problem (and its pass@k samples)."""
+    """One model's cached answers when the file is whole (see _is_whole), else None."""
     from .fileio import read_json
 
     res = read_json(path)
-    if not isinstance(res, dict) or not isinstance(res.get("records"), list) or len(res["records"]) != n:
-        return None
-    if pass_k and len((res.get("pass_k") or {}).get("records") or []) != n:
-        return None
-    return res
+    return res if _is_whole(res, n, pass_k) else None
 
 
 def load_for_eval(name: str, int8: bool = False, restrict_paths: bool = False):
@@ -422,7 +425,7 @@ def score_model(
             should_stop=should_stop,
         )
     del model
-    if len(res["records"]) == n_p and (not k or len(res["pass_k"]["records"]) == n_p):
+    if _is_whole(res, n_p, k):
         from .fileio import atomic_write_json
 
         atomic_write_json(path, res)
@@ -481,10 +484,8 @@ def compare_models(
         result[role], result[f"{role}_label"] = res, label
         if reused:
             result["reused"].append(role)
-    k = settings.pass_k
-    for role in ("base", "trained"):
-        if len(result[role]["records"]) < len(problems) or (k and len(result[role]["pass_k"]["records"]) < len(problems)):
-            raise InterruptedError("evaluation cancelled")
+    if not all(_is_whole(result[role], len(problems), settings.pass_k) for role in ("base", "trained")):
+        raise InterruptedError("evaluation cancelled")
     result["paired"] = paired(result["base"]["records"], result["trained"]["records"])
     result["paired_strict"] = paired(result["base"]["records"], result["trained"]["records"], "strict_correct")
     result["paired_format"] = paired(result["base"]["records"], result["trained"]["records"], "has_format")
