@@ -5,8 +5,9 @@ server, after a finished run (so the answers carry a whole run's charts and a re
 
 The app is built in this process on a temporary runs folder (127.0.0.1, a free port), trains the tests'
 tiny random model for 15 + 15 steps through /start (the tests' `start_args`; seconds), and then sends each event
-`--n` times the way a page does (one POST to `/gradio_api/run/<name>`, the same session; the first 20 are
-not counted). On an idle machine the time from request to answer is the server's CPU time for it, which
+`--n` times the way a page does (one GET of the live view's route, `/grpo_app/<name>`, for the same page;
+before 2026-11-25 one POST to `/gradio_api/run/<name>`), and the /status API (one POST through Gradio's
+pipeline) for scale; the first 20 are not counted. On an idle machine the time from request to answer is the server's CPU time for it, which
 is what every page's request takes from a training that runs beside it (docs/performance.md). Run it on
 an otherwise idle machine; it prints one JSON object.
 """
@@ -55,15 +56,21 @@ def main() -> None:
             demo.studio.manager.wait(600)
             steps = len(demo.studio.view()["metrics"])
             page = Page(url, "page")
+            # the page's three live-view requests (plain routes since 2026-11-25, ui/live.py), and for scale one
+            # unqueued Gradio event, the /status API (one POST through Gradio's pipeline, as every page request
+            # was before)
             events = {"poll": page.poll, **{ep.name: ep for ep in page.draws.values()}}
+            status_ep = Page(url, "status").poll
             result = {}
             with httpx.Client(timeout=30) as client:
-                for name, ep in events.items():
-                    body = ep.body("bench-page")
+                for name, ep in [*events.items(), ("gradio_status", status_ep)]:
                     times, size = [], 0
                     for _ in range(args.n):
                         t0 = time.perf_counter()
-                        r = client.post(f"{url}/gradio_api/run/{name}", json=body)
+                        if name == "gradio_status":
+                            r = client.post(f"{url}/gradio_api/run/{ep.name}", json=ep.body("bench-page"))
+                        else:
+                            r = client.get(f"{url}/grpo_app/{ep.name}", params=ep.query("bench-page"))
                         times.append(time.perf_counter() - t0)
                         if r.status_code != 200 or "error" in r.json():
                             raise SystemExit(f"{name}: {r.status_code} {r.text[:200]}")

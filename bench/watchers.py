@@ -23,15 +23,17 @@ the run trains in a thread of the server's process, as it did before. With `--tr
 process of its own, into the runs folder the app serves; the app's Train tab then follows it through its
 files, as it does for any run another process trains, and the app process only serves the pages.
 
-A page (`--mode page`, the default) polls the way the browser does: the Train tab's timer event (`/poll`:
-the status line and two change markers), and when a marker changed, the event that draws that part
-(`/draw`: everything a new step changes, in one request; `/memory_chart`), as the page's own change
-listeners do; the latency reported is the poll's, the draws are counted and timed apart. (Before
-2026-11-24 a step took three draws from a real page: `/charts`, `/latest_step` and, through the step
-view's change listener, a queued What-if update that this bench did not send; its figures from before
-then undercount a browser's requests by one per step.) A script (`--mode status`) calls the `/status`
-API. Both go through Gradio's HTTP routes as a browser or the Python client would (queued events: join +
-event stream; unqueued: one POST).
+A page (`--mode page`, the default) polls the way the browser does: the Train tab's timer event fetches
+the live view's `/grpo_app/poll` (the status line and two change markers), and when a marker changed, the
+event that draws that part fetches `/grpo_app/draw` (everything a new step changes, in one request) or
+`/grpo_app/memory`, as the page's own change listeners do; the latency reported is the poll's, the draws are
+counted and timed apart. Since 2026-11-25 these are plain routes, not Gradio events (grpo_app/ui/live.py);
+before, the same three were unqueued Gradio events (one POST to `/gradio_api/run/<name>` each), and the
+figures in docs/performance.md from before then were measured that way. (Before 2026-11-24 a step took three
+draws from a real page: `/charts`, `/latest_step` and, through the step view's change listener, a queued
+What-if update that this bench did not send; its figures from before then undercount a browser's requests
+by one per step.) A script (`--mode status`) calls the `/status` API through Gradio's HTTP routes, as the
+Python client would (join + event stream).
 
 Besides the quantiles of every poll, each phase reports `steady` (the same without each page's first
 poll: all pages open within 1.5 s and each then draws twice, a burst a class that opens the page before
@@ -282,20 +284,39 @@ def _value(comp: dict):
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
 
 
-class Page:
-    """The events one simulated page sends."""
+class LiveEndpoint:
+    """One of the Train tab's live-view routes (grpo_app/ui/live.py): what the page's frontend events fetch."""
 
-    DRAWS = {1: "draw", 2: "memory_chart"}  # /poll output index of a marker -> its event
+    queued = False
+
+    def __init__(self, url: str, name: str, params: dict | None = None):
+        self.url, self.name, self.params = url, name, dict(params or {})
+
+    def query(self, page_id: str) -> dict:
+        return {"page": page_id, **self.params}
+
+
+class Page:
+    """The requests one simulated page sends."""
+
+    # the poll's answer index of a marker -> the route that draws that part; the page's draw sends its prompt
+    # (0), the What-if box's group size (empty: the server uses the whole group) and no weights (the server
+    # uses the run's for a page it has not seen)
+    DRAWS = {1: ("draw", {"group": 0}), 2: ("memory", {})}
 
     def __init__(self, url: str, mode: str):
         import httpx
 
-        cfg = httpx.get(url + "/config", timeout=30).json()
         self.mode = mode
-        self.poll = Endpoint(url, "poll" if mode == "page" else "status", cfg)
-        # the poll's output that is the page's gr.Timer (its value is the poll period the server sets), if any
-        self.timer_output = next((i for i, t in enumerate(self.poll.output_types) if t == "timer"), None)
-        self.draws = {i: Endpoint(url, name, cfg) for i, name in self.DRAWS.items()} if mode == "page" else {}
+        if mode == "page":
+            self.poll = LiveEndpoint(url, "poll")
+            self.timer_output = 3  # the poll period the server sets (the page's gr.Timer takes it)
+            self.draws = {i: LiveEndpoint(url, name, params) for i, (name, params) in self.DRAWS.items()}
+        else:
+            cfg = httpx.get(url + "/config", timeout=30).json()
+            self.poll = Endpoint(url, "status", cfg)
+            self.timer_output = None
+            self.draws = {}
 
 
 async def _read_events(resp, want: str | None):
@@ -316,8 +337,13 @@ async def _read_events(resp, want: str | None):
     return False
 
 
-async def call(client, ep: Endpoint, session: str, script: bool = False):
-    """One event: (ok, output data or None)."""
+async def call(client, ep, session: str, script: bool = False):
+    """One request: (ok, output data or None)."""
+    if isinstance(ep, LiveEndpoint):  # what the page's frontend event does: one GET of a plain route
+        r = await client.get(f"{ep.url}/grpo_app/{ep.name}", params=ep.query(session))
+        if r.status_code != 200:
+            return False, None
+        return True, r.json()
     api = f"{ep.url}/gradio_api"
     if script:  # a script: the call API (join, then the event's stream)
         r = await client.post(f"{api}/call/{ep.name}", json={"data": []})

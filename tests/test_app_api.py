@@ -7,6 +7,7 @@ import time
 import zipfile
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.app_server import app_server, stages, start_args, status, text_of, wait_for, wait_idle  # noqa: F401
@@ -32,7 +33,6 @@ def test_every_action_has_an_api_name(client):
         "/start",
         "/stop",
         "/resume",
-        "/poll",
         "/status",
         "/compare",
         "/try",
@@ -67,21 +67,24 @@ def test_start_second_start_status_stop_resume(client, app_server):  # noqa: F81
     assert st["run_id"] == run_id and st["active"] and st["total_steps"] == 30 and st["n_stages"] == 2
     assert st["stage"] == 1 and st["tokens_per_s"] and st["elapsed_s"] > 0 and st["latest_step_groups"] == 2
 
-    # what a page's timer gets: the status line and two change markers; a changed step marker makes the page ask
-    # for everything a step changes in one request: the step charts with the recorded steps, the run log, the
-    # latest GRPO step and the What-if box for it; the memory chart has its own marker
-    poll = client.predict(api_name="/poll")
+    # what a page's timer gets (a plain route, not a Gradio event: ui/live.py): the status line and two change
+    # markers; a changed step marker makes the page ask for everything a step changes in one request: the step
+    # charts with the recorded steps, the run log, the latest GRPO step and the What-if box for it; the memory
+    # chart has its own marker
+    live = f"{app_server.url}/grpo_app"
+    poll = httpx.get(f"{live}/poll?page=api-test").json()
     status_html, step_mark = poll[0], poll[1]
     assert len(poll) == 4 and run_id in status_html and "step <b>" in status_html and run_id in step_mark
-    drawn = client.predict(0, 2, api_name="/draw")  # prompt 0, What-if group size 2 (the slider follows G)
+    drawn = httpx.get(f"{live}/draw", params={"page": "api-test", "group": 0, "size": 2}).json()
     reward = json.loads(drawn[0]["plot"])
     steps = reward["data"][0]["x"]
     assert len(steps) >= 2 and steps == sorted(steps) and reward["layout"]["uirevision"] == run_id
     assert "Run log" in drawn[4]
-    step_view, what_if_box = drawn[6], drawn[-1]
+    picker, step_view, what_if_box = drawn[5], drawn[6], drawn[-1]
+    assert picker["__type__"] == "update" and len(picker["choices"]) == st["latest_step_groups"] and picker["value"] == 0
     assert "Inside" not in step_view and "gs-table" in step_view  # the table of the latest group
     assert "wi-adv" in what_if_box  # the What-if box recomputed for that group, with the run's weights
-    assert json.loads(client.predict(api_name="/memory_chart")["plot"])["data"]
+    assert json.loads(httpx.get(f"{live}/memory").json()[0]["plot"])["data"]
 
     assert "Stopping" in client.predict(api_name="/stop")
     st = wait_for(lambda: (s := status(client))["state"] == "stopped" and s, 300, what="stopped")

@@ -6,6 +6,7 @@ import json
 import threading
 import time
 
+import httpx
 import pytest
 
 from tests.app_server import (  # noqa: F401
@@ -267,6 +268,7 @@ def test_twenty_watchers_and_two_simultaneous_starts(app_server):  # noqa: F811
     run_id = new.pop()
 
     errors, finals, polls = [], [], []
+    live = f"{app_server.url}/grpo_app"  # the page's live view (ui/live.py)
 
     def watch(i):
         try:
@@ -274,9 +276,10 @@ def test_twenty_watchers_and_two_simultaneous_starts(app_server):  # noqa: F811
             deadline = time.time() + 300
             while time.time() < deadline:
                 if i % 2 == 0:  # half of them also tick like a page's timer (status line, markers, then the draw)
-                    out = c.predict(api_name="/poll")
+                    out = httpx.get(f"{live}/poll?page=watcher-{i}", timeout=60).json()
                     assert len(out) == 4 and 1.0 <= out[3] <= 30  # markers, then the poll period the server sets
-                    assert "layout" in json.loads(c.predict(0, 2, api_name="/draw")[0]["plot"])  # the reward chart
+                    drawn = httpx.get(f"{live}/draw?page=watcher-{i}&size=2", timeout=60).json()
+                    assert "layout" in json.loads(drawn[0]["plot"])  # the reward chart
                     polls.append(1)
                 st = c.predict(api_name="/status")
                 assert st["run_id"] == run_id
@@ -296,8 +299,8 @@ def test_twenty_watchers_and_two_simultaneous_starts(app_server):  # noqa: F811
     assert errors == []
     assert finals == [8] * 20  # everyone saw the same final step count
     assert len(polls) >= 10
-    last_poll = main.predict(api_name="/poll")
-    charts = main.predict(0, 2, api_name="/draw")
+    last_poll = httpx.get(f"{live}/poll?page=main").json()
+    charts = httpx.get(f"{live}/draw?page=main&size=2").json()
     assert run_id in last_poll[0] and len(json.loads(charts[0]["plot"])["data"][0]["x"]) == 8
 
 

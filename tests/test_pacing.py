@@ -62,23 +62,23 @@ def test_bad_settings_are_refused_and_the_env_budget_falls_back(monkeypatch):
 
 
 def test_the_tick_answers_with_the_period_as_the_timer_value(tmp_path, monkeypatch):
-    """The Train tab's /poll has the gr.Timer as its last output, and the tick fills it from the pacer with
-    the page's session id."""
+    """The Train tab's tick (a frontend event that fetches the live view's /poll, ui/live.py) has the gr.Timer
+    among its outputs, in the place of the poll's last value, which the pacer fills with the page's id."""
     import gradio as gr
+
+    from grpo_app.ui.live import POLL_JS
 
     monkeypatch.setenv("GRPO_APP_POLL_BUDGET", "1")
     demo = ui_app.build_app(runs_dir=tmp_path / "runs", configs_dir="tests/configs/app", default_preset="tiny-app")
-    poll = next(fn for fn in demo.fns.values() if fn.api_name == "poll")
-    assert isinstance(poll.outputs[-1], gr.Timer)
-
-    class Req:
-        def __init__(self, session):
-            self.session_hash = session
+    ticks = [fn for fn in demo.fns.values() if fn.js == POLL_JS]
+    timer = next(b for b in demo.blocks.values() if isinstance(b, gr.Timer))
+    assert ticks and all(fn.fn is None and fn.outputs[3] is timer for fn in ticks)  # the page's load, timer, Start...
+    assert any(t[0] == timer._id and t[1] == "tick" for fn in ticks for t in fn.targets)
 
     every = []
     real_mark = demo.studio.memory_mark
     monkeypatch.setattr(demo.studio, "memory_mark", lambda view, every_s: every.append(every_s) or real_mark(view, every_s))
-    periods = [poll.fn(Req(f"s{i}"))[-1] for i in range(6)]
+    periods = [demo.live.poll(f"s{i}")[-1] for i in range(6)]
     assert periods == [1.5, 2.0, 3.0, 4.0, 5.0, 6.0]  # budget 1 poll/s: N pages -> every N seconds
     # the memory chart: every 5 s, or 6 periods when paced, rounded up to a rung of the ladder
     assert every == [5.0, 15.0, 30.0, 30.0, 30.0, 60.0]
@@ -95,8 +95,7 @@ def test_the_period_cap_comes_from_the_env_and_reaches_the_tick_and_the_keep_ali
     monkeypatch.setenv("GRPO_APP_MAX_POLL_S", "8")
     monkeypatch.setenv("GRPO_APP_POLL_BUDGET", "1")
     demo = ui_app.build_app(runs_dir=tmp_path / "runs", configs_dir="tests/configs/app", default_preset="tiny-app")
-    poll = next(fn for fn in demo.fns.values() if fn.api_name == "poll")
-    periods = [poll.fn(SimpleNamespace(session_hash=f"s{i}"))[-1] for i in range(12)]
+    periods = [demo.live.poll(f"s{i}")[-1] for i in range(12)]
     assert periods[:8] == [1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0] and set(periods[8:]) == {8.0}  # capped at 8 s
     # an idle connection outlives two of the longest periods
     demo.server = SimpleNamespace(config=SimpleNamespace(timeout_keep_alive=5))
@@ -108,8 +107,8 @@ def test_the_memory_mark_does_not_move_when_the_period_wobbles():
     """The memory marker is a time bucket of `memory_every` seconds: a length that followed every small change of
     the period (16.5, 17, 18 s as the draws-per-poll mean moves) gave a new bucket number, and every page redrew
     the memory chart at each change (measured: 1.85 draws per poll where 1.2 were due)."""
+    from grpo_app.ui.live import memory_every
     from grpo_app.ui.studio import Studio
-    from grpo_app.ui.train_tab import memory_every
 
     lengths = {memory_every(p, 1.5) for p in (16.5, 17.0, 17.5, 18.0)}
     assert lengths == {120.0}

@@ -4,7 +4,6 @@ app's own event functions called in the order the browser's answers can arrive, 
 
 import json
 import re
-from types import SimpleNamespace
 
 from grpo_app.config import load_config
 from grpo_app.rewards import REWARD_FUNCS
@@ -41,7 +40,7 @@ def advantages(html: str) -> list[str]:
 def test_choices_are_per_page_versioned_and_bounded():
     c = PageChoices(limit=2)
     assert c.get("a") == {} and c.get(None) == {}
-    c.remember(None, group=1)  # a request without a session is not remembered
+    c.remember(None, group=1)  # a request without a page id is not remembered
     assert len(c) == 0
     c.remember("a", group=1)
     c.remember("a", size=4)
@@ -58,8 +57,12 @@ def test_a_draw_sent_before_a_slider_moved_keeps_the_move(tmp_path):
     run.step_path.write_text(json.dumps(STEP))
     demo = ui_app.build_app(runs_dir=root, configs_dir="tests/configs/app", default_preset="tiny-app")
     fns = {bf.api_name or getattr(bf.fn, "__name__", ""): bf.fn for bf in demo.fns.values() if bf.fn}
-    draw, on_change, pick = fns["draw"], fns["on_change"], fns["step_group"]
-    page, other = SimpleNamespace(session_hash="page-1"), SimpleNamespace(session_hash="page-2")
+    on_change, pick = fns["on_change"], fns["step_group"]
+
+    def draw(page, group, applied, size, *w):  # the page's draw route (ui/live.py): its own outputs
+        return demo.live.draw(page, group, applied, size, list(w))[1]
+
+    page, other = "page-1", "page-2"  # the pages' own ids
     run_w, no_brevity = weights(correctness=1, brevity=1), weights(correctness=1)
 
     box = draw(page, 0, None, 8, *weights())[-10:]  # a new page: the run's weights, the whole group

@@ -93,12 +93,13 @@ def test_int8_sampler_bench_on_the_tiny_model(tmp_path):
 
 
 def test_request_cost_bench_times_each_page_event(tmp_path):
-    """bench/request_cost.py: each Train-tab event a page sends, answered without error after a finished run;
-    the draw carries the charts and the step (much more than a poll's status line and markers)."""
+    """bench/request_cost.py: each live-view request a page sends, answered without error after a finished run;
+    the draw carries the charts and the step (much more than a poll's status line and markers); and one Gradio
+    event for scale."""
     out = tmp_path / "r.json"
     r = _bench("request_cost.py", "--n", "25", "--out", str(out))
     assert json.loads(out.read_text()) == r
-    assert r["run_steps"] == 30 and set(r["events"]) == {"poll", "draw", "memory_chart"}
+    assert r["run_steps"] == 30 and set(r["events"]) == {"poll", "draw", "memory", "gradio_status"}
     ev = r["events"]
     assert all(0 < e["median_ms"] <= e["p90_ms"] for e in ev.values())
     assert ev["draw"]["answer_bytes"] > 10 * ev["poll"]["answer_bytes"]

@@ -25,6 +25,7 @@ import gradio as gr  # noqa: E402
 from ..manager import RunManager  # noqa: E402
 from ..system import quiet_libraries  # noqa: E402
 from .compare_tab import create_compare_tab  # noqa: E402
+from .live import serve_routes  # noqa: E402
 from .pacing import max_period_from_env  # noqa: E402
 from .runs_tab import create_runs_tab  # noqa: E402
 from .studio import Limits, Studio  # noqa: E402
@@ -136,8 +137,10 @@ def build_app(
                 studio.evals.release(request.session_hash)
 
         demo.unload(release)
+    serve_routes(demo, train.live.routes())  # the live view's plain routes (ui/live.py), served by launch
     demo.studio = studio  # the shared state, for main() and tests
     demo.pacer = train.pacer  # the poll pacing (ui/pacing.py), for tests
+    demo.live = train.live  # the live view's answers (ui/live.py), for tests
     return demo
 
 

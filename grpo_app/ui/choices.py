@@ -1,5 +1,5 @@
 """What each page last chose in the Train tab's step view (the prompt, the What-if weights and group size), kept
-on the server by session.
+on the server by page (the page's random id, ui/live.py).
 
 Why the server keeps them: a new step reaches a page as one request (`/draw`) that redraws the prompt picker
 and the What-if box along with the charts. That request carries the page's values at the moment the step
@@ -25,32 +25,28 @@ class PageChoices:
         self._lock = threading.Lock()
         self._pages: collections.OrderedDict[str, dict] = collections.OrderedDict()
 
-    def remember(self, session: str | None, **choice) -> None:
+    def remember(self, page: str | None, **choice) -> None:
         """Record the page's latest choices (any of: run_id, group, size, weights) and bump its version."""
-        if not session:
+        if not page:
             return
         with self._lock:
-            entry = self._pages.pop(session, None) or {"version": 0}
+            entry = self._pages.pop(page, None) or {"version": 0}
             entry.update(choice)
             entry["version"] += 1
-            self._pages[session] = entry
+            self._pages[page] = entry
             while len(self._pages) > self.limit:
                 self._pages.popitem(last=False)
 
-    def get(self, session: str | None) -> dict:
+    def get(self, page: str | None) -> dict:
         """A copy of the page's choices ({} for a page not seen); 'version' counts the times they changed."""
-        if not session:
+        if not page:
             return {}
         with self._lock:
-            entry = self._pages.get(session)
+            entry = self._pages.get(page)
             if entry is None:
                 return {}
-            self._pages.move_to_end(session)
+            self._pages.move_to_end(page)
             return dict(entry)
 
     def __len__(self) -> int:
         return len(self._pages)
-
-
-def session_of(request) -> str | None:
-    return getattr(request, "session_hash", None) if request is not None else None

@@ -2,16 +2,16 @@
 "Inside a GRPO step".
 
 Every page polls with a gr.Timer. A tick reads the studio's shared view (recomputed at most twice
-a second for all pages) and sends the status line and two change markers; when the step marker moved,
-the page makes **one** more request (`/draw`) that brings everything a new step changes: the step
+a second for all pages) and sets the status line and two change markers; when the step marker moved,
+the page makes **one** more request (the draw) that brings everything a new step changes: the step
 charts, the run log, the latest GRPO step and the What-if box's numbers for it; the memory chart has
 its own, slower marker. The figures, the status line and the run log are built once per change for
 everybody, and the figures carry `uirevision` so a redraw keeps the viewer's zoom. A page opened (or
-reloaded) during a run gets the whole history on its first tick. The tick, the draws and the /status
-API are unqueued (one plain POST each, no queue round trip): every request costs the server 5-8 ms of
-CPU whatever it carries, taken from the training's cores, so a page asks as little as it can. Each
-tick's answer also sets the page's timer: with many pages watching, the server asks each to poll less
-often (`pacing.py`).
+reloaded) during a run gets the whole history on its first tick. The tick and the draws are frontend
+events that fetch plain routes of the server, not Gradio requests (`live.py`: a Gradio request cost the
+server 5-20 ms of CPU taken from the training's cores, a plain route a fraction of that). Each tick's
+answer also sets the page's timer: with many pages watching, the server asks each to poll less often
+(`pacing.py`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ import gradio as gr
 
 from ..config import GSM8K_MODES
 from . import render
-from .choices import PageChoices, session_of
-from .common import guard, plot, slot
+from .choices import PageChoices
+from .common import guard, slot
 from .forms import SLOTS, STAGE_HEADERS, FormError, TrainForm
+from .live import DRAW_JS, MEMORY_JS, POLL_JS, LiveView, group_index, page_of
 from .pacing import PollPacer, budget_from_env, max_period_from_env
 from .studio import TRAIN_CHARTS, Studio
 
@@ -35,19 +36,6 @@ GSM8K_CHOICES = [
     ("offline — never GSM8K; generated look-alike word problems", "offline"),
 ]
 assert [v for _, v in GSM8K_CHOICES] == list(GSM8K_MODES)
-
-MEMORY_EVERY_S = 5.0  # the memory chart's redraw on a page; when the server stretches the poll period, every
-MEMORY_PERIODS = 6  # this many periods, since each redraw is a request from every page, rounded up to a rung of
-MEMORY_LADDER_S = (5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 180.0)  # this ladder: the mark is a time bucket of that
-# length, and a length that followed every small change of the period would move every page's mark at once
-
-
-def memory_every(period: float, timer_s: float) -> float:
-    """Seconds between memory-chart redraws for a page polling every `period` s (the tick's memory marker)."""
-    if period <= timer_s:
-        return MEMORY_EVERY_S
-    wanted = max(MEMORY_EVERY_S, MEMORY_PERIODS * period)
-    return next((s for s in MEMORY_LADDER_S if s >= wanted), MEMORY_LADDER_S[-1])
 
 STAGES_HELP = (
     "One row per curriculum stage, trained in order. **source**: `arithmetic` (generated sums; difficulty = "
@@ -61,11 +49,13 @@ class TrainTab:
     studio: Studio
     inputs: list
     tick_outputs: list
-    tick_fn: object
+    tick_inputs: list
     pacer: PollPacer
+    live: LiveView
 
     def attach_load(self, demo: gr.Blocks) -> None:
-        demo.load(self.tick_fn, None, self.tick_outputs, api_visibility="undocumented", show_progress="hidden")
+        """A page's first tick when it opens (then its timer's)."""
+        demo.load(None, self.tick_inputs, self.tick_outputs, js=POLL_JS, show_progress="hidden")
 
 
 def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
@@ -210,8 +200,11 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
     )
     step_view = gr.HTML(render.step_html(None), elem_id="grpo-step")
     picked = PageChoices()  # each page's prompt and What-if choices, as the server last heard them (ui/choices.py)
-    what_if = _create_what_if(studio, group, picked)
-    # change markers (hidden; see the tick): a gr.State's .change would not fire after an unqueued event
+    # the page's own random id (set by its first tick, ui/live.py): the What-if box's events send it, so that
+    # the server keeps each page's choices apart
+    page_id = gr.Textbox(visible=False, elem_id="page-id")
+    what_if = _create_what_if(studio, group, picked, page_id)
+    # change markers (hidden; see the tick): each one's .change draws its part
     step_mark, memory_mark = (gr.Textbox(visible=False, elem_id=f"mark-{k}") for k in ("step", "mem"))
 
     form_inputs = [preset, model, gsm8k, upload, stages, num_gen, length, prompts, lr, ewc, lam, lora, seed, run_name]
@@ -244,80 +237,34 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
     # (ui/pacing.py: many pages poll less often, so they cannot starve the server or the training).
     timer = gr.Timer(timer_s)
     pacer = PollPacer(timer_s, budget_from_env(), max_s=max(max_period_from_env(), timer_s))
-    tick_outputs = [status, step_mark, memory_mark, timer]
-
-    # ---- the tick: a status line and two change markers --------------------------------------------
-    # Each marker is a hidden Textbox whose .change event (fired only when its value changed) draws its part:
-    # everything a new step changes (one request), and the memory chart. A tick itself returns four small
-    # values; no output is ever skipped with gr.update(), which Gradio handles by building a new component.
-    @guard("refresh the training view")
-    def tick(request: gr.Request):
-        view = studio.view()
-        step = view.get("latest_step") or {}
-        period = pacer.period(getattr(request, "session_hash", None))
-        return [
-            studio.status_line(view),
-            # once a step (and when the run log grows), not at every status update within it
-            repr((view["charts_version"], step.get("step"), step.get("stage"))),
-            studio.memory_mark(view, memory_every(period, timer_s)),
-            period,
-        ]
-
-    @guard("draw the training view")
-    def draw(request: gr.Request, prompt, *what_if_values):
-        """One request per step: the step charts, the run log, the latest step's prompt picker and table, and the
-        What-if box recomputed for it (before 2026-11-24 these were three requests, one of them queued).
-
-        The prompt and the What-if values come from what the page last chose as the server heard it (`picked`),
-        not from this request, which may have left the page before a slider moved (ui/choices.py); a choice that
-        arrives while this computes makes it compute again."""
-        pacer.drew()
-        session = session_of(request)
-        view = studio.view()
-        js = studio.chart_json(view, [k for k in TRAIN_CHARTS if k != "memory"])
-        step = view.get("latest_step")
-        choices = render.group_choices(step)
-        for _ in range(3):
-            mine = picked.get(session)
-            g = _group_index(mine.get("group", prompt))
-            g = g if g < len(choices) else 0
-            box, chosen = what_if.sync(view, g, mine, *what_if_values)
-            if picked.get(session).get("version") == mine.get("version"):
-                break
-        if chosen:
-            picked.remember(session, **chosen)
-        return [
-            *[plot(js[k]) for k in TRAIN_CHARTS if k != "memory"],
-            studio.events_md(view),
-            gr.update(choices=choices, value=g if choices else None),
-            render.step_html(step, g),
-            *box,
-        ]
-
-    @guard("draw the memory chart")
-    def draw_memory():
-        pacer.drew()
-        return plot(studio.chart_json(studio.view(), ["memory"])["memory"])
-
-    timer.tick(tick, None, tick_outputs, api_name="poll", show_progress="hidden", queue=False, trigger_mode="always_last")
-    fast = dict(show_progress="hidden", queue=False, trigger_mode="always_last")
-    step_mark.change(
-        draw,
-        [group, *what_if.inputs],
-        [*steps_plots, events_md, group, step_view, *what_if.outputs],
-        api_name="draw",
-        **fast,
+    live = LiveView(
+        studio, pacer, picked, what_if.sync, what_if.n_weights, [k for k in TRAIN_CHARTS if k != "memory"], timer_s
     )
-    memory_mark.change(draw_memory, None, [memory_plot], api_name="memory_chart", **fast)
+    tick_outputs = [status, step_mark, memory_mark, timer, page_id]
+
+    # ---- the tick, the draw, the memory chart: the page asks plain routes, not Gradio (ui/live.py) -------
+    # The tick sets the status line and two change markers; each marker is a hidden Textbox whose .change
+    # (fired only when its value changed) draws its part: everything a new step changes (one request: charts,
+    # run log, the step's prompt picker and table, the What-if box), and the memory chart.
+    quiet = dict(show_progress="hidden", trigger_mode="always_last")
+    timer.tick(None, [page_id], tick_outputs, js=POLL_JS, **quiet)
+    step_mark.change(
+        None,
+        [page_id, group, *what_if.inputs],
+        [*steps_plots, events_md, group, step_view, *what_if.outputs],
+        js=DRAW_JS,
+        **quiet,
+    )
+    memory_mark.change(None, [page_id], [memory_plot], js=MEMORY_JS, **quiet)
 
     @guard("show that prompt")
-    def pick_group(request: gr.Request, prompt):
-        picked.remember(session_of(request), group=_group_index(prompt))
+    def pick_group(page, prompt):
+        picked.remember(page_of(page), group=group_index(prompt))
         view = studio.view()
-        return render.step_html(view.get("latest_step"), _group_index(prompt))
+        return render.step_html(view.get("latest_step"), group_index(prompt))
 
     # the What-if box follows the picker through its own group.input listener (`_create_what_if`)
-    group.input(pick_group, [group], [step_view], api_name="step_group", show_progress="hidden", concurrency_limit=None)
+    group.input(pick_group, [page_id, group], [step_view], api_name="step_group", show_progress="hidden", concurrency_limit=None)
 
     # ---- actions ---------------------------------------------------------------------------------
     @guard("start training")
@@ -344,7 +291,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
 
     start_btn.click(
         on_start, form_inputs, [message, *slot_outputs], api_name="start", concurrency_id="train_control"
-    ).then(tick, None, tick_outputs, show_progress="hidden", api_visibility="undocumented")
+    ).then(None, [page_id], tick_outputs, js=POLL_JS, show_progress="hidden")
 
     @guard("preview the run")
     def on_preview(preset, model, data_source, upload, stages, num_generations, completion_length, prompts_per_step,
@@ -371,7 +318,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
         return studio.stop().message
 
     stop_btn.click(on_stop, None, [message], api_name="stop", concurrency_limit=None).then(
-        tick, None, tick_outputs, show_progress="hidden", api_visibility="undocumented"
+        None, [page_id], tick_outputs, js=POLL_JS, show_progress="hidden"
     )
 
     @guard("resume training")
@@ -379,7 +326,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
         return studio.resume(None).message
 
     resume_btn.click(on_resume, None, [message], api_name="resume", concurrency_id="train_control").then(
-        tick, None, tick_outputs, show_progress="hidden", api_visibility="undocumented"
+        None, [page_id], tick_outputs, js=POLL_JS, show_progress="hidden"
     )
 
     @guard("load the preset")
@@ -426,7 +373,9 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
 
     gr.api(_status_api(studio), api_name="status", queue=False)
 
-    return TrainTab(studio=studio, inputs=form_inputs, tick_outputs=tick_outputs, tick_fn=tick, pacer=pacer)
+    return TrainTab(
+        studio=studio, inputs=form_inputs, tick_outputs=tick_outputs, tick_inputs=[page_id], pacer=pacer, live=live
+    )
 
 
 WHAT_IF_HELP = (
@@ -446,9 +395,10 @@ class WhatIfBox:
     inputs: list
     outputs: list
     sync: object
+    n_weights: int
 
 
-def _create_what_if(studio: Studio, group: gr.Dropdown, picked: PageChoices) -> WhatIfBox:
+def _create_what_if(studio: Studio, group: gr.Dropdown, picked: PageChoices, page_id: gr.Textbox) -> WhatIfBox:
     """The "What if?" box under the step view: a slider per reward function and one for the group size; moving one
     recomputes the shown prompt's advantages (`advantages.what_if`), no model involved. A new step reaches it
     through the Train tab's one draw request (`WhatIfBox.sync`), not through a listener of its own."""
@@ -481,7 +431,9 @@ def _create_what_if(studio: Studio, group: gr.Dropdown, picked: PageChoices) -> 
             )
             reset = gr.Button("Use the run's weights", elem_id="wi-reset", scale=0, min_width=200)
         out = gr.HTML(render.what_if_html(None, 0, None), elem_id="what-if")
-    applied = gr.State(None)  # the run whose weights the sliders were last set from
+    # the run whose weights the sliders were last set from (a hidden box, not a gr.State: the page's draw, which
+    # does not go through Gradio, reads and sets it in the page, ui/live.py)
+    applied = gr.Textbox(visible=False, elem_id="wi-applied")
 
     def current(view=None):
         view = view or studio.view()
@@ -502,7 +454,7 @@ def _create_what_if(studio: Studio, group: gr.Dropdown, picked: PageChoices) -> 
         if step is None:
             return render.what_if_html(None, 0, None)
         groups = step["groups"]
-        g = min(_group_index(g), len(groups) - 1)
+        g = min(group_index(g), len(groups) - 1)
         n = min(int(n or 2), len(groups[g].get("completions") or []))
         try:
             res = what_if(groups[g], weights, group_size=n, scale_rewards=scale_of(view, step), batch_groups=groups)
@@ -511,8 +463,8 @@ def _create_what_if(studio: Studio, group: gr.Dropdown, picked: PageChoices) -> 
         return render.what_if_html(step, g, res)
 
     @guard("recompute the advantages")
-    def on_change(request: gr.Request, g, n, *values):
-        picked.remember(session_of(request), group=_group_index(g), size=n, weights=list(values))
+    def on_change(page, g, n, *values):
+        picked.remember(page_of(page), group=group_index(g), size=n, weights=list(values))
         view, step = current()
         return recompute(step, view, g, n, dict(zip(names, values)))
 
@@ -520,6 +472,7 @@ def _create_what_if(studio: Studio, group: gr.Dropdown, picked: PageChoices) -> 
         """The box for the latest step: on a new run (or `force`), the run's reward weights and whole groups;
         else the weights and size the page chose last (`mine`, see ui/choices.py), or failing that the ones it
         sent. Returns (outputs, choices to remember or None)."""
+        done = done or None  # the hidden box holds "" before its first run
         view, step = current(view)
         if step is None:
             return [done, *[gr.skip()] * len(names), gr.skip(), render.what_if_html(None, 0, None)], None
@@ -544,7 +497,7 @@ def _create_what_if(studio: Studio, group: gr.Dropdown, picked: PageChoices) -> 
         # output made the per-step draw 30% dearer, 8.6 vs 6.6 ms of server time)
         return [done, *values, n, html], None
 
-    inputs = [group, size, *sliders]
+    inputs = [page_id, group, size, *sliders]
     for c in (*sliders, size):
         c.input(
             on_change, inputs, [out], api_visibility="undocumented", show_progress="hidden", trigger_mode="always_last"
@@ -553,17 +506,21 @@ def _create_what_if(studio: Studio, group: gr.Dropdown, picked: PageChoices) -> 
     sync_out = [applied, *sliders, size, out]
 
     @guard("load the run's weights")
-    def on_reset(request: gr.Request, g, done, n, *values):
+    def on_reset(page, g, done, n, *values):
         box, chosen = sync(None, g, {}, done, n, *values, force=True)
         if chosen:
-            picked.remember(session_of(request), **chosen)
+            picked.remember(page_of(page), **chosen)
         return box
 
     reset.click(
-        on_reset, [group, applied, size, *sliders], sync_out, api_visibility="undocumented", show_progress="hidden"
+        on_reset,
+        [page_id, group, applied, size, *sliders],
+        sync_out,
+        api_visibility="undocumented",
+        show_progress="hidden",
     )
     gr.api(_what_if_api(studio), api_name="what_if", concurrency_limit=None)
-    return WhatIfBox(inputs=[applied, size, *sliders], outputs=sync_out, sync=sync)
+    return WhatIfBox(inputs=[applied, size, *sliders], outputs=sync_out, sync=sync, n_weights=len(names))
 
 
 def _what_if_api(studio: Studio):
@@ -611,13 +568,6 @@ def page_form(preset, model, data_source, stages, num_generations, completion_le
         seed=seed,
         run_name=run_name,
     )
-
-
-def _group_index(value) -> int:
-    try:
-        return max(0, int(value))
-    except (TypeError, ValueError):
-        return 0
 
 
 def _status_api(studio: Studio):
