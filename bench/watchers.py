@@ -145,7 +145,7 @@ def start_cli_training(work: Path) -> tuple[subprocess.Popen, str]:
     raise SystemExit("the CLI training made no run folder within 300 s")
 
 
-def start_app(work: Path, model: str, thread: bool = False) -> tuple[subprocess.Popen, str]:
+def start_app(work: Path, model: str, thread: bool = False, root: Path = ROOT) -> tuple[subprocess.Popen, str]:
     from grpo_app.models import cache_root, embedded_model_dir
 
     embedded_model_dir()  # the tiny model borrows the embedded tokenizer
@@ -171,7 +171,7 @@ def start_app(work: Path, model: str, thread: bool = False) -> tuple[subprocess.
     env.pop("SPACE_ID", None)
     log = open(work / "app.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "app.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        [sys.executable, "app.py"], cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
     url = f"http://127.0.0.1:{port}"
     import httpx
@@ -308,12 +308,17 @@ class Page:
         import httpx
 
         self.mode = mode
-        if mode == "page":
+        cfg = httpx.get(url + "/config", timeout=30).json()
+        names = {d.get("api_name") for d in cfg["dependencies"]}
+        if mode == "page" and "poll" in names:  # an app from before 2026-11-25 (--app-root): the Gradio events
+            self.poll = Endpoint(url, "poll", cfg)
+            self.timer_output = next((i for i, t in enumerate(self.poll.output_types) if t == "timer"), None)
+            self.draws = {1: Endpoint(url, "draw", cfg), 2: Endpoint(url, "memory_chart", cfg)}
+        elif mode == "page":
             self.poll = LiveEndpoint(url, "poll")
             self.timer_output = 3  # the poll period the server sets (the page's gr.Timer takes it)
             self.draws = {i: LiveEndpoint(url, name, params) for i, (name, params) in self.DRAWS.items()}
         else:
-            cfg = httpx.get(url + "/config", timeout=30).json()
             self.poll = Endpoint(url, "status", cfg)
             self.timer_output = None
             self.draws = {}
@@ -483,6 +488,12 @@ def main() -> None:
         "process of its own and the app follows the run through its files",
     )
     ap.add_argument("--rounds", type=int, default=1, help="page phases (then a baseline) repeated this often")
+    ap.add_argument(
+        "--app-root",
+        default=str(ROOT),
+        help="serve the app of this checkout (e.g. a git worktree of an older commit, to compare side by side; "
+        "its pages are driven the way that version's page asks)",
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if any(n < 1 or n > 500 for n in args.pages) or not 5 <= args.seconds <= 1800 or not 1 <= args.rounds <= 10:
@@ -490,7 +501,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="watchers-") as tmp:
         work = Path(tmp)
-        proc, url = start_app(work, args.model, thread=args.training == "app-thread")
+        proc, url = start_app(work, args.model, thread=args.training == "app-thread", root=Path(args.app_root))
         trainer = None
         try:
             if args.training == "cli":
@@ -503,16 +514,19 @@ def main() -> None:
                 time.sleep(1)  # the model loaded and a first step ended: training is warm
             if args.pages_priority == "idle":
                 os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # this process only (the app started)
-            phases = [baseline_phase(metrics, args.seconds)]
+            cpu = CpuMeter(proc.pid)
+            phases = [baseline_phase(metrics, args.seconds, cpu)]
             for r in range(args.rounds):
                 for i, n in enumerate(args.pages):
                     t0, cpu0 = time.time(), time.process_time()
+                    cpu.start()
                     res = asyncio.run(watch(url, args.mode, n, args.seconds, seed=100 * r + i))
                     res["pages_cpu_share_of_2_cores"] = round((time.process_time() - cpu0) / (time.time() - t0) / 2, 3)
+                    res["cpu"] = cpu.stop()
                     steps = step_times(metrics, t0, time.time())
                     res.update(round=r, step_s_median=median(steps), steps=len(steps), step_s=steps)
                     phases.append(res)
-                phases.append(baseline_phase(metrics, args.seconds))
+                phases.append(baseline_phase(metrics, args.seconds, cpu))
         finally:
             if trainer is not None:
                 stop_app(trainer)  # SIGINT: the CLI stops its run and exits
@@ -534,11 +548,47 @@ def main() -> None:
     emit(result, args.out)
 
 
-def baseline_phase(metrics: Path, seconds: float) -> dict:
+def baseline_phase(metrics: Path, seconds: float, cpu: CpuMeter) -> dict:
     t0 = time.time()
+    cpu.start()
     time.sleep(seconds)
+    used = cpu.stop()
     steps = step_times(metrics, t0, time.time())
-    return {"pages": 0, "step_s_median": median(steps), "steps": len(steps), "step_s": steps}
+    return {"pages": 0, "step_s_median": median(steps), "steps": len(steps), "step_s": steps, "cpu": used}
+
+
+class CpuMeter:
+    """CPU time over a phase, in cores (CPU seconds per wall second): the app's server process (its own threads,
+    not its children), the training (the app's child processes, or a thread of the server with --training
+    app-thread), and the host's steal time (CPU the hypervisor gave to other machines: this host's speed drift).
+    The server's share in a page phase minus a baseline's is what the pages cost it, a figure the step-time
+    noise does not blur."""
+
+    def __init__(self, pid: int):
+        import psutil
+
+        self.psutil, self.app = psutil, psutil.Process(pid)
+        self._t0 = self._c0 = None
+
+    def _read(self) -> dict:
+        def total(p):
+            try:
+                t = p.cpu_times()
+                return t.user + t.system
+            except self.psutil.Error:
+                return 0.0
+
+        kids = self.app.children(recursive=True)
+        return {"server": total(self.app), "training": sum(total(k) for k in kids), "steal": self.psutil.cpu_times().steal}
+
+    def start(self) -> None:
+        self._t0, self._c0 = time.time(), self._read()
+
+    def stop(self) -> dict:
+        now, c1 = time.time(), self._read()
+        wall = max(1e-9, now - self._t0)
+        # a child that ended in the phase takes its CPU time with it: the training share is then a lower bound
+        return {f"{k}_cores": round(max(0.0, c1[k] - self._c0[k]) / wall, 4) for k in c1}
 
 
 def with_slowdowns(phases: list[dict]) -> list[dict]:
@@ -559,7 +609,19 @@ def with_slowdowns(phases: list[dict]) -> list[dict]:
 def summary(phases: list[dict], pages: list[int]) -> dict:
     """Per N: every answer's errors and latency quantiles over its rounds, and the mean slowdown."""
     base = [s for p in phases if p["pages"] == 0 for s in p["step_s"]]
-    out = {"baseline": {"step_s_median": median(base), "steps": len(base)}}
+
+    def cores(ps, key):  # mean CPU cores over the phases `ps` (CpuMeter)
+        xs = [p["cpu"][key] for p in ps if p.get("cpu")]
+        return round(statistics.mean(xs), 4) if xs else None
+
+    baselines = [p for p in phases if p["pages"] == 0]
+    out = {
+        "baseline": {
+            "step_s_median": median(base),
+            "steps": len(base),
+            **{f"{k}_cores": cores(baselines, f"{k}_cores") for k in ("server", "training", "steal")},
+        }
+    }
     for n in pages:
         mine = [p for p in phases if p["pages"] == n]
         slow = [p["training_slowdown"] for p in mine if p.get("training_slowdown") is not None]
@@ -577,7 +639,11 @@ def summary(phases: list[dict], pages: list[int]) -> dict:
             "step_s_median": median([s for p in mine for s in p["step_s"]]),
             "training_slowdown_per_round": slow,
             "training_slowdown_mean": round(statistics.mean(slow), 3) if slow else None,
+            **{f"{k}_cores": cores(mine, f"{k}_cores") for k in ("server", "training", "steal")},
         }
+        srv, srv0 = out[str(n)]["server_cores"], out["baseline"]["server_cores"]
+        # what the pages cost the server, in cores: its share with the pages minus without them
+        out[str(n)]["server_cores_for_pages"] = round(srv - srv0, 4) if srv is not None and srv0 is not None else None
     return out
 
 

@@ -132,30 +132,46 @@ def time_spans(events: list[dict], t0: float, t_end: float | None = None) -> lis
     return spans
 
 
-def _shade(fig: go.Figure, spans: list[dict], label: bool = True) -> None:
-    """Shaded bands (and a boundary line with the stage name) for each span, behind the traces."""
+def _shade(spans: list[dict], label: bool = True) -> tuple[list[dict], list[dict]]:
+    """(shapes, annotations): a shaded band (and a boundary line with the stage name) for each span, behind the
+    traces. Plain layout dicts, the ones `fig.add_vrect` / `add_vline` / `add_annotation` would make, given to the
+    figure in one `update_layout`: one at a time those calls were most of a chart's build time (~250 ms for the
+    four step charts on a slow host, at every step a page draws; docs/performance.md)."""
+    shapes, notes = [], []
     for sp in spans:
         fisher = sp.get("kind") == "fisher"
         fill = FISHER_FILL if fisher else STAGE_FILLS[sp["index"] % len(STAGE_FILLS)]
-        fig.add_vrect(x0=sp["x0"], x1=sp["x1"], fillcolor=fill, line_width=0, layer="below", name=sp["name"])
+        shapes.append(
+            dict(type="rect", x0=sp["x0"], x1=sp["x1"], xref="x", y0=0, y1=1, yref="y domain", fillcolor=fill,
+                 line=dict(width=0), layer="below", name=sp["name"])
+        )
         if not fisher:
-            fig.add_vline(x=sp["x0"], line=dict(color="rgba(80,80,80,0.55)", width=1, dash="dot"))
-        if label:
-            fig.add_annotation(
-                x=(sp["x0"] + sp["x1"]) / 2,
-                y=1.0,
-                xref="x",
-                yref="paper",
-                yanchor="top",
-                text=sp["name"] if fisher else f"{sp['index'] + 1}: {sp['name']}",
-                showarrow=False,
-                font=dict(size=12, color="#444"),
-                bgcolor="rgba(255,255,255,0.6)",
+            shapes.append(
+                dict(type="line", x0=sp["x0"], x1=sp["x0"], xref="x", y0=0, y1=1, yref="y domain",
+                     line=dict(color="rgba(80,80,80,0.55)", width=1, dash="dot"))
             )
+        if label:
+            notes.append(
+                dict(
+                    x=(sp["x0"] + sp["x1"]) / 2,
+                    y=1.0,
+                    xref="x",
+                    yref="paper",
+                    yanchor="top",
+                    text=sp["name"] if fisher else f"{sp['index'] + 1}: {sp['name']}",
+                    showarrow=False,
+                    font=dict(size=12, color="#444"),
+                    bgcolor="rgba(255,255,255,0.6)",
+                )
+            )
+    return shapes, notes
 
 
-def _layout(fig: go.Figure, title: str, xtitle: str, ytitle: str, uirevision, y2title: str | None = None) -> go.Figure:
-    fig.update_layout(
+def _layout(
+    fig: go.Figure, title: str, xtitle: str, ytitle: str, uirevision, y2title: str | None = None, **more
+) -> go.Figure:
+    """The layout every chart shares, and `more` (shapes, annotations, axes...), in one `update_layout`."""
+    layout = dict(
         title=dict(text=title, x=0.01, xanchor="left", font=dict(size=18)),
         template="plotly_white",
         font=FONT,
@@ -168,7 +184,13 @@ def _layout(fig: go.Figure, title: str, xtitle: str, ytitle: str, uirevision, y2
         yaxis=dict(title=ytitle),
     )
     if y2title:
-        fig.update_layout(yaxis2=dict(title=y2title, overlaying="y", side="right", showgrid=False))
+        layout["yaxis2"] = dict(title=y2title, overlaying="y", side="right", showgrid=False)
+    for key, value in more.items():
+        if isinstance(value, dict) and isinstance(layout.get(key), dict):
+            layout[key] = {**layout[key], **value}
+        else:
+            layout[key] = value
+    fig.update_layout(**layout)
     return fig
 
 
@@ -182,10 +204,12 @@ def empty_figure(title: str, message: str, uirevision=None) -> go.Figure:
     return fig
 
 
-def _step_axis(fig: go.Figure, spans: list[dict]) -> None:
+def _step_axis(spans: list[dict]) -> dict:
+    """The x axis of a step chart: the whole plan's steps when known, from 0, whole numbers."""
+    axis = dict(rangemode="tozero", tickformat="d")
     if spans:
-        fig.update_xaxes(range=[min(s["x0"] for s in spans), max(s["x1"] for s in spans)])
-    fig.update_xaxes(rangemode="tozero", tickformat="d")
+        axis["range"] = [min(s["x0"] for s in spans), max(s["x1"] for s in spans)]
+    return axis
 
 
 def _line(fig: go.Figure, xs, ys, name: str, color: str, width: int = 2, dash: str | None = None,
@@ -214,9 +238,11 @@ def _step_figure(metrics, stages, title: str, ytitle: str, uirevision, add_trace
     fig = go.Figure()
     right = add_traces(fig)
     spans = stage_spans(metrics, stages)
-    _shade(fig, spans)
-    _layout(fig, title, "step", ytitle, uirevision, y2title=y2title if right else None)
-    _step_axis(fig, spans)
+    shapes, notes = _shade(spans)
+    _layout(
+        fig, title, "step", ytitle, uirevision, y2title=y2title if right else None,
+        shapes=shapes, annotations=notes, xaxis=_step_axis(spans),
+    )
     return fig, right
 
 
@@ -344,15 +370,16 @@ def memory_figure(
     fig = go.Figure()
     _line(fig, xs, ys, "RSS (MB)", COLORS[4], width=3, connectgaps=False)
     peak = max(v for _, v in pts)
-    fig.add_hline(
-        y=peak,
-        line=dict(color="rgba(204,121,167,0.6)", width=1, dash="dot"),
-        annotation_text=f"peak {peak:,.0f} MB",
-        annotation_position="top left",
+    # the peak: a dotted line across the chart with its value at the top left (what fig.add_hline makes)
+    peak_line = dict(type="line", x0=0, x1=1, xref="x domain", y0=peak, y1=peak, yref="y",
+                     line=dict(color="rgba(204,121,167,0.6)", width=1, dash="dot"))
+    peak_note = dict(text=f"peak {peak:,.0f} MB", x=0, xanchor="left", xref="x domain", y=peak, yanchor="bottom",
+                     yref="y", showarrow=False)
+    shapes, notes = _shade(time_spans(events or [], t0, pts[-1][0]))
+    _layout(
+        fig, title, "minutes since start", "MB", uirevision,
+        shapes=[peak_line, *shapes], annotations=[peak_note, *notes], yaxis=dict(rangemode="tozero"),
     )
-    _shade(fig, time_spans(events or [], t0, pts[-1][0]))
-    _layout(fig, title, "minutes since start", "MB", uirevision)
-    fig.update_yaxes(rangemode="tozero")
     return fig
 
 

@@ -5,8 +5,9 @@ config's plan), total_steps, started, active, plus three change markers: `versio
 anything but the memory samples changed, `charts_version` only when what the step charts and the run log
 draw changed (the logged steps, the events; not a status or phase update, several of which come in one
 step), `mem_version` when memory samples arrived. Pages compare them with what they last drew and skip
-unchanged figures: every redraw is a request each page makes, and a request costs the server about the
-same CPU whatever it carries (5-8 ms unqueued, ~23 ms through the queue; docs/performance.md).
+unchanged figures: every redraw is a request each page makes, and a request costs the server CPU that is
+taken from the training (the Train tab's are plain routes, 1-4 ms; a Gradio event costs 3-16 ms, more through
+the queue; docs/performance.md).
 
 The Train tab follows, in order: the job this server runs, or the last one it launched (from the Train
 tab or a Resume on the Runs tab; its failure included, even when older run folders are newer); a job

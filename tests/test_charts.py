@@ -3,6 +3,7 @@ zoom kept across redraws (uirevision = run id)."""
 
 import math
 
+import plotly.graph_objects as go
 import pytest
 
 from grpo_app import charts
@@ -182,3 +183,40 @@ def test_difficulty_figure_bars_with_asymmetric_wilson_error_bars():
     assert list(base.customdata) == [10, 5]
     assert fig.layout.uirevision == "k1" and fig.layout.barmode == "group"
     assert not any(isinstance(v, float) and math.isnan(v) for v in base.y)
+
+
+def test_shading_and_the_peak_line_are_what_plotlys_own_calls_make():
+    """The charts give their stage bands, boundary lines, labels and the memory peak to the figure as plain
+    layout dicts in one update_layout (one call at a time they were most of a chart's build time, at every step
+    a page draws): the same shapes and annotations as Plotly's add_vrect / add_vline / add_annotation /
+    add_hline."""
+    spans = [
+        {"kind": "stage", "index": 0, "name": "st0", "x0": 0.5, "x1": 3.5},
+        {"kind": "fisher", "index": 0, "name": "Fisher 1", "x0": 3.5, "x1": 4.0},
+        {"kind": "stage", "index": 5, "name": "st1", "x0": 4.0, "x1": 9.5},
+    ]
+    ref = go.Figure()
+    for sp in spans:
+        fisher = sp["kind"] == "fisher"
+        fill = charts.FISHER_FILL if fisher else charts.STAGE_FILLS[sp["index"] % len(charts.STAGE_FILLS)]
+        ref.add_vrect(x0=sp["x0"], x1=sp["x1"], fillcolor=fill, line_width=0, layer="below", name=sp["name"])
+        if not fisher:
+            ref.add_vline(x=sp["x0"], line=dict(color="rgba(80,80,80,0.55)", width=1, dash="dot"))
+        ref.add_annotation(
+            x=(sp["x0"] + sp["x1"]) / 2, y=1.0, xref="x", yref="paper", yanchor="top",
+            text=sp["name"] if fisher else f"{sp['index'] + 1}: {sp['name']}", showarrow=False,
+            font=dict(size=12, color="#444"), bgcolor="rgba(255,255,255,0.6)",
+        )
+    shapes, notes = charts._shade(spans)
+    fig = go.Figure()
+    fig.update_layout(shapes=shapes, annotations=notes)
+    assert fig.layout.shapes == ref.layout.shapes and fig.layout.annotations == ref.layout.annotations
+
+    mem = [{"time": 100.0 + i, "rss_mb": 500.0 + (100 if i == 3 else 0)} for i in range(6)]
+    fig = charts.memory_figure(mem, [], 100.0, "r")
+    ref = go.Figure()
+    ref.add_hline(
+        y=600.0, line=dict(color="rgba(204,121,167,0.6)", width=1, dash="dot"),
+        annotation_text="peak 600 MB", annotation_position="top left",
+    )
+    assert fig.layout.shapes[0] == ref.layout.shapes[0] and fig.layout.annotations[0] == ref.layout.annotations[0]

@@ -14,11 +14,12 @@ steps (few draws) 30 pages poll about every 6-8 s at the default budget of 5 req
 12-13 s; 100 pages every 20-30 s. A training step on 2 cores takes seconds to tens of seconds, and the
 charts show every step whenever they are drawn, so nothing is lost but the step view's in-between steps.
 
-Why the budget is small: each request costs the server 5-8 ms of CPU taken from the training's two
-cores, and more than that in training time, because the training's two threads meet at every parallel
-operation and a request that takes one core for a few milliseconds holds up both. Measured
-(bench/watchers.py, docs/performance.md): 30 pages at ~11.5 requests a second slowed 3-s steps ~16%;
-before draws counted, a poll budget of 10 slowed the training ~21% and 5 ~5% with 12-20 s steps.
+Why the budget is small: each request costs the server CPU taken from the training's two cores (1-4 ms
+since the page's requests are plain routes, ui/live.py; 4-16 ms as Gradio events before), and more than that
+in training time, because the training's two threads meet at every parallel operation and a request that
+takes one core for a few milliseconds holds up both. Measured with the Gradio events (bench/watchers.py,
+docs/performance.md): 30 pages at ~11.5 requests a second slowed 3-s steps ~16%; before draws counted, a
+poll budget of 10 slowed the training ~21% and 5 ~5% with 12-20 s steps.
 
 A page counts as watching while it polled within the last `2 x period + 1` seconds (long enough to see
 every page at the current period, so the count does not swing). A browser tab in the background stops
@@ -89,7 +90,7 @@ class PollPacer:
             self._draws_pending += 1
 
     def period(self, page: str | None, now: float | None = None) -> float:
-        """Record a poll from `page` (a session id; None counts as one anonymous page) and return the period
+        """Record a poll from `page` (the page's own id; None counts as one anonymous page) and return the period
         every page should poll at now, in seconds (rounded up to 0.5 s so small changes in the count do not
         restart every page's timer)."""
         now = time.monotonic() if now is None else now

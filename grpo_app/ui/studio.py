@@ -124,6 +124,7 @@ class FigureCache:
 
 
 TRAIN_CHARTS = ("reward", "loss", "length", "memory", "throughput")
+MEMORY_BUILD_S = 5.0  # a live run's memory chart is rebuilt at most this often for all pages (see chart_json)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -370,7 +371,13 @@ class Studio:
 
         out = dict(self.figures.get(("train", view["charts_version"]), build_steps))
         if "memory" in names:
-            out["memory"] = self.figures.get(("memory", rev, view.get("mem_version"), len(events)), build_memory)
+            mv = view.get("mem_version")
+            if view.get("live") and view.get("active"):
+                # samples arrive every 0.5 s and pages redraw the chart every 5 s or more, each at its own moment:
+                # keyed by the samples, every page's draw built it anew (~0.1 s of CPU each on a slow host, taken
+                # from the training); one build per MEMORY_BUILD_S serves them all, at most that much older
+                mv = (rev, "live", int(time.monotonic() // MEMORY_BUILD_S))
+            out["memory"] = self.figures.get(("memory", rev, mv, len(events)), build_memory)
         return {k: out[k] for k in names}
 
     # ---- comparisons ---------------------------------------------------------------------------
