@@ -644,6 +644,10 @@ def summary(phases: list[dict], pages: list[int]) -> dict:
         srv, srv0 = out[str(n)]["server_cores"], out["baseline"]["server_cores"]
         # what the pages cost the server, in cores: its share with the pages minus without them
         out[str(n)]["server_cores_for_pages"] = round(srv - srv0, 4) if srv is not None and srv0 is not None else None
+        # the CPU the training did not get with the pages open, as a share of what it got without them: a
+        # slowdown figure the host's speed drift does not move (the step times above do move with it)
+        tr, tr0 = out[str(n)]["training_cores"], out["baseline"]["training_cores"]
+        out[str(n)]["training_cpu_drop"] = round(1 - tr / tr0, 4) if tr is not None and tr0 else None
     return out
 
 

@@ -53,13 +53,14 @@ def test_the_shared_part_of_a_draw_is_encoded_once_for_every_page(served, monkey
     [
         {"page": "../../etc/passwd", "group": "1e999", "size": "nan", "w": ["inf", "abc", "-1e308"]},
         {"page": "x" * 500, "group": "-5", "size": "1" * 100, "w": ["1"] * 500, "applied": "<script>"},
-        {"group": "", "size": "", "w": ""},
+        {"group": "", "size": "", "w": "", "applied": "r" * 10_000},
     ],
 )
 def test_bad_values_from_a_page_are_bounded_not_errors(served, params):
     demo, url = served
     r = httpx.get(f"{url}/draw", params=params)
     assert r.status_code == 200 and len(r.json()) == 5 + 2 + 1 + demo.live.n_weights + 2
+    assert len(r.json()[7] or "") <= 200  # the run id the What-if box was set from: echoed back, bounded
     r = httpx.get(f"{url}/poll", params=params)
     assert r.status_code == 200 and len(r.json()) == 4
     assert demo.pacer.pages == 1  # an id that is not one counts as the anonymous page

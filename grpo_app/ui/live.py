@@ -168,7 +168,7 @@ class LiveView:
         return orjson.dumps(self.poll(page_of(q.get("page"))))
 
     def _draw(self, q) -> bytes:
-        applied = q.get("applied") or None
+        applied = (q.get("applied") or "")[:200] or None  # a run id, echoed back to the page's hidden box
         weights = [_number(w, 0.0, 0.0, 1e3) for w in q.getlist("w")[: self.n_weights]]
         weights += [0.0] * (self.n_weights - len(weights))
         size = _number(q.get("size"), None, 0, 1e4)
