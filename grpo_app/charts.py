@@ -135,8 +135,8 @@ def time_spans(events: list[dict], t0: float, t_end: float | None = None) -> lis
 def _shade(spans: list[dict], label: bool = True) -> tuple[list[dict], list[dict]]:
     """(shapes, annotations): a shaded band (and a boundary line with the stage name) for each span, behind the
     traces. Plain layout dicts, the ones `fig.add_vrect` / `add_vline` / `add_annotation` would make, given to the
-    figure in one `update_layout`: one at a time those calls were most of a chart's build time (~250 ms for the
-    four step charts on a slow host, at every step a page draws; docs/performance.md)."""
+    figure in one `update_layout`: one call each, they were about half of a chart's build time, which the server
+    spends at every step a page draws (the live charts now build 20-45% faster; docs/performance.md)."""
     shapes, notes = [], []
     for sp in spans:
         fisher = sp.get("kind") == "fisher"
