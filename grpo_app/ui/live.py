@@ -32,9 +32,9 @@ import functools
 import logging
 import math
 import re
-import threading
 
 import orjson
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -42,6 +42,7 @@ from starlette.routing import Route
 from . import render
 from .choices import PageChoices
 from .pacing import PollPacer
+from .studio import FigureCache
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +94,7 @@ class LiveView:
     def __init__(self, studio, pacer: PollPacer, picked: PageChoices, sync, n_weights: int, steps_charts, timer_s):
         self.studio, self.pacer, self.picked, self.sync = studio, pacer, picked, sync
         self.n_weights, self.steps_charts, self.timer_s = n_weights, list(steps_charts), timer_s
-        self._lock = threading.Lock()
-        self._shared: tuple[object, bytes] = (None, b"")  # (charts_version, the shared outputs' JSON)
+        self._shared = FigureCache(size=2)  # charts_version -> the shared outputs' JSON
         self.served: collections.Counter = collections.Counter()  # answers given, by route name (tests, benches)
 
     # ---- answers ----------------------------------------------------------------------------------
@@ -115,16 +115,14 @@ class LiveView:
     def shared(self, view: dict) -> bytes:
         """The JSON of the draw's first outputs, the same for every page: the step charts and the run log,
         encoded once per change of the run (the figures and the log are themselves built once, by the studio)."""
-        key = view["charts_version"]
-        with self._lock:
-            if self._shared[0] == key:
-                return self._shared[1]
-        js = self.studio.chart_json(view, self.steps_charts)
-        parts = [{"type": "plotly", "plot": js[k]} if js[k] is not None else None for k in self.steps_charts]
-        body = orjson.dumps([*parts, self.studio.events_md(view)])
-        with self._lock:
-            self._shared = (key, body)
-        return body
+
+        def encode() -> bytes:
+            js = self.studio.chart_json(view, self.steps_charts)
+            parts = [{"type": "plotly", "plot": js[k]} if js[k] is not None else None for k in self.steps_charts]
+            return orjson.dumps([*parts, self.studio.events_md(view)])
+
+        # a cache of its own: `encode` reads the studio's caches, whose builders do not nest
+        return self._shared.get(view["charts_version"], encode)
 
     def draw(self, page: str | None, group, applied, size, weights: list) -> tuple[dict, list]:
         """One request per step: (the view drawn, the page's own outputs: the prompt picker, the step's table, and
@@ -184,7 +182,7 @@ class LiveView:
             if not await _logged_in(request):
                 return Response(b'{"error": "log in first"}', status_code=401, media_type="application/json")
             try:
-                body = await _in_thread(answer, request.query_params)
+                body = await run_in_threadpool(answer, request.query_params)  # the view may read the run folder
             except Exception as e:  # noqa: BLE001 - one line to the page, the traceback to the server log
                 log.exception("the live view's %s failed", request.url.path)
                 text = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
@@ -193,13 +191,6 @@ class LiveView:
             return Response(body, media_type="application/json", headers={"Cache-Control": "no-store"})
 
         return endpoint
-
-
-async def _in_thread(fn, *args):
-    """Run `fn` in the server's thread pool: the studio's view may read the run folder."""
-    from starlette.concurrency import run_in_threadpool
-
-    return await run_in_threadpool(fn, *args)
 
 
 async def _logged_in(request: Request) -> bool:
