@@ -74,7 +74,11 @@ def set_slider(page, elem_id: str, value) -> None:
     box.press("Enter")
 
 
-def test_what_if_recomputes_the_advantages_when_a_weight_moves(page, run_id, shots):
+def test_what_if_recomputes_the_advantages_when_a_weight_moves(page, run_id, shots, server):
+    # the box shows the run's last step: a slider move recomputes the latest step, so reading `before` from a step
+    # the page drew earlier (its last draw can trail the run's end by a poll) compared two different groups
+    last = status(server.client())["step"]
+    wait_for(lambda: f"of step {last}:" in page.inner_text("#what-if .wi-head"), 120, what="the last step's box")
     wait_for(lambda: page.locator("#what-if .wi-adv").count() == 4, 120, what="the what-if table")
     wait_for(lambda: page.input_value("#wi-brevity input[type=number]") == "1", 60, what="the run's weights")
     before = advantages(page, "#what-if .wi-adv")
