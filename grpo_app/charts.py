@@ -1,5 +1,12 @@
 """Training and evaluation charts: recorded metrics -> Plotly figures. No Gradio import.
 
+Each builder returns a `Chart`: the figure as the plain dicts of Plotly's JSON, not a `plotly.graph_objects`
+figure. The live charts are rebuilt at every step of a run while pages watch, on the cores the training
+uses, and a `go.Figure` validated every property of every trace and shape as it was set: ~0.2 s of CPU for
+the four step charts on a slow host, 95% of it validation and copying Plotly's template (its JSON is 6%).
+`Chart.to_json()` writes the same JSON without that; `Chart.figure()` gives the validated `go.Figure`
+(tests check the two agree for every chart, so a property Plotly would reject or rewrite fails there).
+
 Every figure shows only what the run recorded (a metric that was never logged gets no trace) and
 marks the curriculum: step charts shade each stage's steps, the memory chart (wall-clock time)
 shades stages and the Fisher passes between them. `layout.uirevision` is set to the run id so a
@@ -14,9 +21,13 @@ Inputs are the plain records of `manager.RunStore` / a run folder:
 
 from __future__ import annotations
 
+import copy
+import functools
 import math
 
+import orjson
 import plotly.graph_objects as go
+import plotly.io as pio
 
 # Okabe-Ito: distinguishable for colour-blind viewers and on a washed-out projector.
 COLORS = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
@@ -25,6 +36,72 @@ FISHER_FILL = "rgba(120,120,120,0.18)"
 FONT = dict(size=15)
 HEIGHT = 370
 MAX_MEMORY_POINTS = 2000
+
+
+# ------------------------------------------------------------------------------------------------
+# A figure as plain dicts
+# ------------------------------------------------------------------------------------------------
+def _merge(dst: dict, src: dict) -> dict:
+    """Plotly's `update_layout`: nested dicts merge, anything else (lists included) replaces; None unsets."""
+    for key, value in src.items():
+        if value is None:
+            dst.pop(key, None)
+        elif isinstance(value, dict) and isinstance(dst.get(key), dict):
+            _merge(dst[key], value)
+        else:
+            dst[key] = _plain(value)
+    return dst
+
+
+def _plain(value):
+    """A property value as Plotly writes it: dicts without None-valued keys (an unset property), tuples as lists;
+    lists keep their None items (a gap in a line)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) if isinstance(v, (dict, list, tuple)) else v for v in value]
+    return value
+
+
+@functools.lru_cache(maxsize=4)
+def _template_json(name: str) -> bytes:
+    """A named Plotly template as the JSON a figure's layout carries (Plotly copies it into every figure)."""
+    return orjson.dumps(pio.templates[name].to_plotly_json())
+
+
+class Chart:
+    """A Plotly figure as plain dicts: `data` (one dict per trace, with its `type`) and `layout`, built with the
+    few calls of `go.Figure` the builders use (`add_trace`, `update_layout`, `add_annotation`). A named
+    `layout.template` is written out as Plotly does; nothing else is checked here: `figure()` checks it all."""
+
+    __slots__ = ("data", "layout")
+
+    def __init__(self):
+        self.data: list[dict] = []
+        self.layout: dict = {}
+
+    def add_trace(self, kind: str, **props) -> Chart:
+        self.data.append({"type": kind, **_plain(props)})
+        return self
+
+    def update_layout(self, **props) -> Chart:
+        _merge(self.layout, props)
+        return self
+
+    def add_annotation(self, **props) -> Chart:
+        self.layout.setdefault("annotations", []).append(_plain(props))
+        return self
+
+    def to_json(self) -> str:
+        """The figure's JSON, as `go.Figure.to_json()` writes it (what a Gradio Plot takes)."""
+        layout = self.layout
+        if isinstance(layout.get("template"), str):  # the cached template's JSON, not parsed and encoded again
+            layout = {**layout, "template": orjson.Fragment(_template_json(layout["template"]))}
+        return orjson.dumps({"data": self.data, "layout": layout}).decode()
+
+    def figure(self) -> go.Figure:
+        """The validated Plotly figure (raises on a property Plotly does not know)."""
+        return go.Figure({"data": copy.deepcopy(self.data), "layout": copy.deepcopy(self.layout)})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -134,9 +211,8 @@ def time_spans(events: list[dict], t0: float, t_end: float | None = None) -> lis
 
 def _shade(spans: list[dict], label: bool = True) -> tuple[list[dict], list[dict]]:
     """(shapes, annotations): a shaded band (and a boundary line with the stage name) for each span, behind the
-    traces. Plain layout dicts, the ones `fig.add_vrect` / `add_vline` / `add_annotation` would make, given to the
-    figure in one `update_layout`: one call each, they were about half of a chart's build time, which the server
-    spends at every step a page draws (the live charts now build 20-45% faster; docs/performance.md)."""
+    traces. Plain layout dicts, the ones `go.Figure.add_vrect` / `add_vline` / `add_annotation` would make (a test
+    checks it), given to the chart in one `update_layout`."""
     shapes, notes = [], []
     for sp in spans:
         fisher = sp.get("kind") == "fisher"
@@ -168,8 +244,8 @@ def _shade(spans: list[dict], label: bool = True) -> tuple[list[dict], list[dict
 
 
 def _layout(
-    fig: go.Figure, title: str, xtitle: str, ytitle: str, uirevision, y2title: str | None = None, **more
-) -> go.Figure:
+    fig: Chart, title: str, xtitle: str, ytitle: str, uirevision, y2title: str | None = None, **more
+) -> Chart:
     """The layout every chart shares, and `more` (shapes, annotations, axes...), in one `update_layout`."""
     layout = dict(
         title=dict(text=title, x=0.01, xanchor="left", font=dict(size=18)),
@@ -180,11 +256,11 @@ def _layout(
         legend=dict(orientation="h", yanchor="top", y=-0.3, xanchor="left", x=0),
         hovermode="x unified",
         uirevision=uirevision if uirevision is not None else "static",
-        xaxis=dict(title=xtitle),
-        yaxis=dict(title=ytitle),
+        xaxis=dict(title=dict(text=xtitle)),  # the form Plotly writes a bare title in
+        yaxis=dict(title=dict(text=ytitle)),
     )
     if y2title:
-        layout["yaxis2"] = dict(title=y2title, overlaying="y", side="right", showgrid=False)
+        layout["yaxis2"] = dict(title=dict(text=y2title), overlaying="y", side="right", showgrid=False)
     for key, value in more.items():
         if isinstance(value, dict) and isinstance(layout.get(key), dict):
             layout[key] = {**layout[key], **value}
@@ -194,8 +270,8 @@ def _layout(
     return fig
 
 
-def empty_figure(title: str, message: str, uirevision=None) -> go.Figure:
-    fig = go.Figure()
+def empty_figure(title: str, message: str, uirevision=None) -> Chart:
+    fig = Chart()
     _layout(fig, title, "", "", uirevision)
     fig.update_layout(xaxis=dict(visible=False), yaxis=dict(visible=False))
     fig.add_annotation(
@@ -212,22 +288,21 @@ def _step_axis(spans: list[dict]) -> dict:
     return axis
 
 
-def _line(fig: go.Figure, xs, ys, name: str, color: str, width: int = 2, dash: str | None = None,
+def _line(fig: Chart, xs, ys, name: str, color: str, width: int = 2, dash: str | None = None,
           markers: bool = False, right: bool = False, **kw) -> bool:
     """Add one line (markers too with `markers`, on the right-hand axis with `right`); nothing when there
     are no points. Returns whether it was added."""
     if not xs:
         return False
     fig.add_trace(
-        go.Scatter(
-            x=xs,
-            y=ys,
-            name=name,
-            mode="lines+markers" if markers else "lines",
-            line=dict(color=color, width=width, dash=dash),
-            yaxis="y2" if right else None,
-            **kw,
-        )
+        "scatter",
+        x=xs,
+        y=ys,
+        name=name,
+        mode="lines+markers" if markers else "lines",
+        line=dict(color=color, width=width, dash=dash),
+        yaxis="y2" if right else None,
+        **kw,
     )
     return True
 
@@ -235,7 +310,7 @@ def _line(fig: go.Figure, xs, ys, name: str, color: str, width: int = 2, dash: s
 def _step_figure(metrics, stages, title: str, ytitle: str, uirevision, add_traces, y2title: str | None = None):
     """A chart over optimizer steps: `add_traces(fig)` draws the lines (returns whether a right-axis line was
     drawn), then the stages are shaded and the axes laid out the same way for every training chart."""
-    fig = go.Figure()
+    fig = Chart()
     right = add_traces(fig)
     spans = stage_spans(metrics, stages)
     shapes, notes = _shade(spans)
@@ -367,7 +442,7 @@ def memory_figure(
         xs.append((t - t0) / 60.0)
         ys.append(v)
         prev = t
-    fig = go.Figure()
+    fig = Chart()
     _line(fig, xs, ys, "RSS (MB)", COLORS[4], width=3, connectgaps=False)
     peak = max(v for _, v in pts)
     # the peak: a dotted line across the chart with its value at the top left (what fig.add_hline makes)
@@ -383,7 +458,7 @@ def memory_figure(
     return fig
 
 
-def training_figures(view: dict) -> dict[str, go.Figure]:
+def training_figures(view: dict) -> dict[str, Chart]:
     """All training charts of one run view ({run_id, metrics, events, memory, stages, started})."""
     rev = view.get("run_id") or "none"
     metrics, stages = view.get("metrics") or [], view.get("stages")
@@ -404,7 +479,7 @@ def difficulty_figure(result: dict, uirevision=None):
     title = "Accuracy by difficulty (95% intervals)"
     if not result or "base" not in result or "trained" not in result:
         return empty_figure(title, "Run a comparison to see this chart.", uirevision)
-    fig = go.Figure()
+    fig = Chart()
     roles = (
         ("base", result.get("base_label") or "base", COLORS[5]),
         ("trained", result.get("trained_label") or "trained", COLORS[0]),
@@ -424,15 +499,14 @@ def difficulty_figure(result: dict, uirevision=None):
             down.append(v["accuracy"] - lo)
             ns.append(v["n"])
         fig.add_trace(
-            go.Bar(
-                x=xs,
-                y=ys,
-                name=f"{role}: {label}"[:60],
-                marker_color=color,
-                error_y=dict(type="data", symmetric=False, array=up, arrayminus=down, thickness=2, width=6),
-                customdata=ns,
-                hovertemplate="difficulty %{x}: %{y:.1%} (n=%{customdata})<extra></extra>",
-            )
+            "bar",
+            x=xs,
+            y=ys,
+            name=f"{role}: {label}"[:60],
+            marker=dict(color=color),
+            error_y=dict(type="data", symmetric=False, array=up, arrayminus=down, thickness=2, width=6),
+            customdata=ns,
+            hovertemplate="difficulty %{x}: %{y:.1%} (n=%{customdata})<extra></extra>",
         )
     _layout(fig, title, "difficulty (calculation steps)", "accuracy", uirevision or result.get("key"))
     fig.update_layout(barmode="group", yaxis=dict(range=[0, 1.05], tickformat=".0%"), hovermode="closest")
@@ -448,27 +522,26 @@ def passk_figure(result: dict, uirevision=None):
     ]
     if not all(c[3] for c in curves):
         return empty_figure(title, "Set pass@k samples above 0 and compare to see this chart.", uirevision)
-    fig = go.Figure()
+    fig = Chart()
     for role, label, color, pk in curves:
         cv = pk["curve"]
         ys = cv["pass"]
         fig.add_trace(
-            go.Scatter(
-                x=cv["k"],
-                y=ys,
-                mode="lines+markers",
-                name=f"{role}: {label}"[:60],
-                line=dict(color=color, width=3),
-                error_y=dict(
-                    type="data",
-                    symmetric=False,
-                    array=[hi - y for (_, hi), y in zip(cv["ci"], ys)],
-                    arrayminus=[y - lo for (lo, _), y in zip(cv["ci"], ys)],
-                    thickness=1.5,
-                    width=4,
-                ),
-                hovertemplate="pass@%{x}: %{y:.1%}<extra>" + role + "</extra>",
-            )
+            "scatter",
+            x=cv["k"],
+            y=ys,
+            mode="lines+markers",
+            name=f"{role}: {label}"[:60],
+            line=dict(color=color, width=3),
+            error_y=dict(
+                type="data",
+                symmetric=False,
+                array=[hi - y for (_, hi), y in zip(cv["ci"], ys)],
+                arrayminus=[y - lo for (lo, _), y in zip(cv["ci"], ys)],
+                thickness=1.5,
+                width=4,
+            ),
+            hovertemplate="pass@%{x}: %{y:.1%}<extra>" + role + "</extra>",
         )
     pk = curves[0][3]
     _layout(
@@ -479,6 +552,8 @@ def passk_figure(result: dict, uirevision=None):
         "pass@k",
         uirevision or result.get("key"),
     )
-    fig.update_layout(yaxis=dict(range=[0, 1.05], tickformat=".0%"), hovermode="x unified", margin=dict(t=80))
-    fig.update_xaxes(tickmode="linear", dtick=1 if pk["k"] <= 16 else 4)
+    fig.update_layout(
+        yaxis=dict(range=[0, 1.05], tickformat=".0%"), hovermode="x unified", margin=dict(t=80),
+        xaxis=dict(tickmode="linear", dtick=1 if pk["k"] <= 16 else 4),
+    )
     return fig

@@ -145,7 +145,7 @@ def test_compare_with_pass_k_gives_both_curves_table_and_chart(tokenizer, monkey
     rows = pass_k_rows(res)
     assert [r[0] for r in rows] == [1, 2, 3, 4, 5, 6]
     assert rows[0][1] == res["base"]["pass_k"]["curve"]["pass"][0]
-    fig = passk_figure(res)
+    fig = passk_figure(res).figure()
     assert len(fig.data) == 2 and {t.name.split(":")[0] for t in fig.data} == {"base", "trained"}
     assert list(fig.data[1].y) == res["trained"]["pass_k"]["curve"]["pass"]
     assert list(fig.data[0].x) == [1, 2, 3, 4, 5, 6]
@@ -153,7 +153,7 @@ def test_compare_with_pass_k_gives_both_curves_table_and_chart(tokenizer, monkey
     assert again["cached"] and again["base"]["pass_k"]["curve"] == res["base"]["pass_k"]["curve"]
     # without pass@k: no curve, and the chart says how to get one
     assert not pass_k_rows({"base": {}, "trained": {}})
-    assert len(passk_figure({"base": {}, "trained": {}}).data) == 0
+    assert len(passk_figure({"base": {}, "trained": {}}).figure().data) == 0
 
 
 def test_cli_compare_pass_k_flags_are_checked():

@@ -374,8 +374,9 @@ class Studio:
             mv = view.get("mem_version")
             if view.get("live") and view.get("active"):
                 # samples arrive every 0.5 s and pages redraw the chart every 5 s or more, each at its own moment:
-                # keyed by the samples, every page's draw built it anew (~0.1 s of CPU each on a slow host, taken
-                # from the training); one build per MEMORY_BUILD_S serves them all, at most that much older
+                # keyed by the samples, every page's draw built it anew (~0.1-0.2 s of CPU each on a slow host as a
+                # validated Plotly figure, ~0.01 s as plain dicts, taken from the training); one build per
+                # MEMORY_BUILD_S serves them all, at most that much older
                 mv = (rev, "live", int(time.monotonic() // MEMORY_BUILD_S))
             out["memory"] = self.figures.get(("memory", rev, mv, len(events)), build_memory)
         return {k: out[k] for k in names}
