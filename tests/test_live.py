@@ -100,3 +100,26 @@ def test_the_routes_ask_for_the_pages_login(tmp_path):
             assert poll.status_code == 200 and len(poll.json()) == 4
     finally:
         demo.close()
+
+
+def test_the_queue_polls_calmly_and_still_answers_queued_events(tmp_path):
+    """Gradio's queue looks for new events every 1 ms while empty (~0.02-0.03 cores of a slow host with no page
+    open, taken from the training); app.py makes it look every 20 ms. A queued event still runs."""
+    from gradio_client import Client
+
+    demo = ui_app.build_app(runs_dir=tmp_path / "runs", configs_dir="tests/configs/app", default_preset="tiny-app")
+    assert not ui_app.calm_queue(object())  # a Gradio without these attributes: nothing set, no error
+    port = free_port()
+    demo.queue()
+    assert demo._queue.sleep_when_free < ui_app.QUEUE_IDLE_POLL_S  # Gradio's own, on this platform
+    assert ui_app.calm_queue(demo)
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
+    try:
+        assert demo._queue.sleep_when_free == ui_app.QUEUE_IDLE_POLL_S
+        assert demo._queue.progress_update_sleep_when_free == ui_app.QUEUE_PROGRESS_POLL_S
+        client = Client(f"http://127.0.0.1:{port}", verbose=False)
+        preset = client.predict("tiny-app", api_name="/preset")  # a queued event
+        assert preset and "tiny" in json.dumps(preset, default=str)
+        client.close()
+    finally:
+        demo.close()
