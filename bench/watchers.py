@@ -15,7 +15,9 @@ temporary runs folder, offline), starts a training run through the app's own /st
    step times of the steps that ended in that window;
 3. another baseline phase; with `--rounds R`, steps 2-3 run R times. Each page phase's slowdown is taken
    against the baseline phases just before and after it (their mean median step), because this host's
-   speed drifts over minutes; the summary per N pools its rounds.
+   speed drifts over minutes; the summary per N pools its rounds (mean slowdown and its 95% interval). On a
+   host whose speed drifts by 10-40% between minutes, many short rounds (e.g. `--seconds 60 --rounds 4`)
+   measure the slowdown better than a few long ones.
 
 `--training app` (the default) is the app as it ships: its Start trains in a child process
 (`RunManager(process=True)`). `--training app-thread` starts the app with GRPO_APP_TRAIN_PROCESS=0, so
@@ -54,6 +56,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import signal
@@ -229,8 +232,8 @@ def start_training(url: str, model: str) -> str:
     return msg.split("**")[1]
 
 
-def step_times(metrics_path: Path, t0: float, t1: float) -> list[float]:
-    """step_seconds of the steps that started and ended inside [t0, t1]."""
+def step_records(metrics_path: Path, t0: float, t1: float) -> list[tuple[float, float]]:
+    """(step_seconds, tokens generated) of the steps that started and ended inside [t0, t1]."""
     out = []
     if not metrics_path.is_file():
         return out
@@ -239,10 +242,28 @@ def step_times(metrics_path: Path, t0: float, t1: float) -> list[float]:
             m = json.loads(line)
         except json.JSONDecodeError:
             continue
-        s, end = m.get("step_seconds"), m.get("time")
+        s, end, rate = m.get("step_seconds"), m.get("time"), m.get("tokens_per_s")
         if s and end and t0 <= end - s and end <= t1:
-            out.append(s)
+            out.append((s, rate * s if rate else 0.0))
     return out
+
+
+def step_times(metrics_path: Path, t0: float, t1: float) -> list[float]:
+    """step_seconds of the steps that started and ended inside [t0, t1]."""
+    return [s for s, _ in step_records(metrics_path, t0, t1)]
+
+
+def step_fields(metrics_path: Path, t0: float, t1: float) -> dict:
+    """A phase's steps: their median time, and seconds per generated token over all of them (a step's time
+    follows how long its sampled answers were, which varies from step to step; per token it does much less)."""
+    recs = step_records(metrics_path, t0, t1)
+    steps, tokens = [s for s, _ in recs], sum(t for _, t in recs)
+    return {
+        "step_s_median": median(steps),
+        "steps": len(steps),
+        "step_s": steps,
+        "ms_per_token": round(1000 * sum(steps) / tokens, 3) if tokens else None,
+    }
 
 
 # ------------------------------------------------------------------------------------------------
@@ -523,8 +544,7 @@ def main() -> None:
                     res = asyncio.run(watch(url, args.mode, n, args.seconds, seed=100 * r + i))
                     res["pages_cpu_share_of_2_cores"] = round((time.process_time() - cpu0) / (time.time() - t0) / 2, 3)
                     res["cpu"] = cpu.stop()
-                    steps = step_times(metrics, t0, time.time())
-                    res.update(round=r, step_s_median=median(steps), steps=len(steps), step_s=steps)
+                    res.update(round=r, **step_fields(metrics, t0, time.time()))
                     phases.append(res)
                 phases.append(baseline_phase(metrics, args.seconds, cpu))
         finally:
@@ -553,8 +573,7 @@ def baseline_phase(metrics: Path, seconds: float, cpu: CpuMeter) -> dict:
     cpu.start()
     time.sleep(seconds)
     used = cpu.stop()
-    steps = step_times(metrics, t0, time.time())
-    return {"pages": 0, "step_s_median": median(steps), "steps": len(steps), "step_s": steps, "cpu": used}
+    return {"pages": 0, **step_fields(metrics, t0, time.time()), "cpu": used}
 
 
 class CpuMeter:
@@ -593,17 +612,34 @@ class CpuMeter:
 
 def with_slowdowns(phases: list[dict]) -> list[dict]:
     """Each page phase gets `baseline_s` (the mean median step of the baseline phases just before and after
-    it) and `training_slowdown` against it."""
+    it) and `training_slowdown` against it; the same per generated token (`baseline_ms_per_token`,
+    `training_slowdown_per_token`)."""
     for i, ph in enumerate(phases):
         if ph["pages"] == 0:
             continue
         before = next((p for p in reversed(phases[:i]) if p["pages"] == 0), None)
         after = next((p for p in phases[i + 1 :] if p["pages"] == 0), None)
-        around = [p["step_s_median"] for p in (before, after) if p and p["step_s_median"]]
-        ph["baseline_s"] = round(statistics.mean(around), 3) if around else None
-        if ph["baseline_s"] and ph["step_s_median"]:
-            ph["training_slowdown"] = round(ph["step_s_median"] / ph["baseline_s"] - 1, 3)
+        for key, base_key, slow_key in (
+            ("step_s_median", "baseline_s", "training_slowdown"),
+            ("ms_per_token", "baseline_ms_per_token", "training_slowdown_per_token"),
+        ):
+            around = [p[key] for p in (before, after) if p and p.get(key)]
+            ph[base_key] = round(statistics.mean(around), 3) if around else None
+            if ph[base_key] and ph.get(key):
+                ph[slow_key] = round(ph[key] / ph[base_key] - 1, 3)
     return phases
+
+
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def mean_ci95(xs: list[float]) -> list[float] | None:
+    """Student-t 95% interval of the mean of `xs` (the rounds' slowdowns), None with fewer than two."""
+    if len(xs) < 2:
+        return None
+    half = T95.get(len(xs) - 1, 2.2) * statistics.stdev(xs) / math.sqrt(len(xs))
+    m = statistics.mean(xs)
+    return [round(m - half, 3), round(m + half, 3)]
 
 
 def summary(phases: list[dict], pages: list[int]) -> dict:
@@ -625,6 +661,7 @@ def summary(phases: list[dict], pages: list[int]) -> dict:
     for n in pages:
         mine = [p for p in phases if p["pages"] == n]
         slow = [p["training_slowdown"] for p in mine if p.get("training_slowdown") is not None]
+        per_token = [p["training_slowdown_per_token"] for p in mine if p.get("training_slowdown_per_token") is not None]
         out[str(n)] = {
             "answers": sum(p["answers"] for p in mine),
             "errors": sum(p["errors"] for p in mine),
@@ -639,6 +676,10 @@ def summary(phases: list[dict], pages: list[int]) -> dict:
             "step_s_median": median([s for p in mine for s in p["step_s"]]),
             "training_slowdown_per_round": slow,
             "training_slowdown_mean": round(statistics.mean(slow), 3) if slow else None,
+            "training_slowdown_ci95": mean_ci95(slow),
+            "training_slowdown_per_token_per_round": per_token,
+            "training_slowdown_per_token_mean": round(statistics.mean(per_token), 3) if per_token else None,
+            "training_slowdown_per_token_ci95": mean_ci95(per_token),
             **{f"{k}_cores": cores(mine, f"{k}_cores") for k in ("server", "training", "steal")},
         }
         srv, srv0 = out[str(n)]["server_cores"], out["baseline"]["server_cores"]
