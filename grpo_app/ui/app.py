@@ -205,7 +205,8 @@ QUEUE_PROGRESS_POLL_S = 0.1  # ... and for progress to send while no event runs 
 def calm_queue(demo: gr.Blocks) -> bool:
     """Make Gradio's queue poll less often while it is empty. Gradio 6 looks for a new event every 1 ms and for
     progress every 10 ms (50 and 100 ms on Windows): ~1,100 wake-ups a second of the server's event loop with no
-    page open and no event queued, ~0.05-0.07 cores of a 2-core host, each wake-up taking a core from the training
+    page open and no event queued. The app with no run and no page used 0.036-0.043 cores of a slow 2-core host,
+    0.014-0.016 with this (docs/performance.md), each wake-up taking a core from the training
     beside it for a moment (the training's two threads wait for each other, so a moment taken from one stalls
     both). Polling every 20 ms / 100 ms makes a queued event (Start, Compare, Try, the What-if box) start at most
     20 ms later; the Train tab's live view does not go through the queue (ui/live.py). Gradio has no setting for
