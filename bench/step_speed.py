@@ -26,7 +26,13 @@ Each setup runs in its own subprocess (so peak RSS, read with getrusage, is its 
 * monitor  - the live memory sampler's and the metrics store's own cost per sample / record.
 * engine   - the project's engine on the same model, G, completion budget and GSM8K prompts, with
              its preset settings (16 prompts per step, fast sampler, prefix sharing, zero-advantage
-             skipping, answer-line stop), two stages so the Fisher pass and the EWC term are in it.
+             skipping, answer-line stop, layer recompute), two stages so the Fisher pass and the EWC
+             term are in it.
+* engine_matched - the same with layer recompute off (`grpo.gradient_checkpointing=false`), the
+             setting tuned TRL runs with (its gradient checkpointing off): the like-for-like ratio.
+             The engine keeps recompute on by default because it holds the classroom preset under
+             2.5 GB; off, it trades memory for ~a quarter of the training pass.
+* engine_full - the engine training every weight, the tied embedding too.
 
 The first step of each training setup is a warm-up and is not counted.
 """
@@ -354,6 +360,8 @@ def main() -> None:
             r = bench_trl(a.steps, tuned=True, prompts_per_step=a.prompts_per_step)
         elif a.child == "engine":
             r = bench_engine(a.steps, a.prompts_per_step, [])
+        elif a.child == "engine_matched":  # layer recompute off, as tuned TRL's checkpointing is
+            r = bench_engine(a.steps, a.prompts_per_step, ["grpo.gradient_checkpointing=false"])
         elif a.child == "engine_full":  # every weight trained, the tied embedding too
             r = bench_engine(a.steps, a.prompts_per_step, ["model.train_embeddings=true"])
         print(json.dumps(r))
@@ -375,7 +383,7 @@ def main() -> None:
         res["generation"] = _child("gen", ["--gflops", str(gemm["gflops_peak"])])
     if "monitor" in only:
         res["monitor"] = _child("monitor", [])
-    for mode in ("trl", "trl_tuned", "engine", "engine_full"):
+    for mode in ("trl", "trl_tuned", "engine", "engine_matched", "engine_full"):
         if mode in only:
             res[mode] = _child(mode, common)
             print(f"# {mode}: {json.dumps(res[mode])}", file=sys.stderr, flush=True)
@@ -386,6 +394,10 @@ def main() -> None:
         tuned = res["trl_tuned"]
         res["speedup_vs_tuned_trl_completions_per_s"] = round(res["engine"]["completions_per_s"] / tuned["completions_per_s"], 2)
         res["speedup_vs_tuned_trl_tokens_per_s"] = round(res["engine"]["tokens_per_s"] / tuned["tokens_per_s"], 2)
+    if "trl_tuned" in res and "engine_matched" in res:  # like for like: recompute off on both sides
+        tuned, eng = res["trl_tuned"], res["engine_matched"]
+        res["speedup_matched_vs_tuned_trl_completions_per_s"] = round(eng["completions_per_s"] / tuned["completions_per_s"], 2)
+        res["speedup_matched_vs_tuned_trl_tokens_per_s"] = round(eng["tokens_per_s"] / tuned["tokens_per_s"], 2)
     emit(res, a.out)
 
 
