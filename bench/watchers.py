@@ -15,9 +15,12 @@ temporary runs folder, offline), starts a training run through the app's own /st
    step times of the steps that ended in that window;
 3. another baseline phase; with `--rounds R`, steps 2-3 run R times. Each page phase's slowdown is taken
    against the baseline phases just before and after it (their mean median step), because this host's
-   speed drifts over minutes; the summary per N pools its rounds (mean slowdown and its 95% interval). On a
-   host whose speed drifts by 10-40% between minutes, many short rounds (e.g. `--seconds 60 --rounds 4`)
-   measure the slowdown better than a few long ones.
+   speed drifts over minutes; the summary per N pools its rounds (mean slowdown and its 95% interval).
+   Those per-phase figures count only the steps that started and ended inside a phase; with phases only
+   a few steps long that favours the short steps of the shorter phases (the baselines), so they overstate
+   the slowdown. `lockin` (per N) uses every step instead, weighted by the share of it spent under the
+   pages, against the drift around it (`lockin_slowdown`); on a host whose speed drifts by 10-40% between
+   minutes, many short rounds (e.g. `--seconds 20 --rounds 30`, steps of ~10 s) measure it best.
 
 `--training app` (the default) is the app as it ships: its Start trains in a child process
 (`RunManager(process=True)`). `--training app-thread` starts the app with GRPO_APP_TRAIN_PROCESS=0, so
@@ -245,6 +248,22 @@ def step_records(metrics_path: Path, t0: float, t1: float) -> list[tuple[float, 
         s, end, rate = m.get("step_seconds"), m.get("time"), m.get("tokens_per_s")
         if s and end and t0 <= end - s and end <= t1:
             out.append((s, rate * s if rate else 0.0))
+    return out
+
+
+def step_spans(metrics_path: Path) -> list[tuple[float, float, float]]:
+    """(start, end, tokens generated) of every step in the run's metrics."""
+    out = []
+    if not metrics_path.is_file():
+        return out
+    for line in metrics_path.read_text().splitlines():
+        try:
+            m = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        s, end, rate = m.get("step_seconds"), m.get("time"), m.get("tokens_per_s")
+        if s and end and rate:
+            out.append((end - s, end, rate * s))
     return out
 
 
@@ -517,8 +536,8 @@ def main() -> None:
     )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    if any(n < 1 or n > 500 for n in args.pages) or not 5 <= args.seconds <= 1800 or not 1 <= args.rounds <= 10:
-        raise SystemExit("--pages between 1 and 500, --seconds between 5 and 1800, --rounds between 1 and 10")
+    if any(n < 1 or n > 500 for n in args.pages) or not 5 <= args.seconds <= 1800 or not 1 <= args.rounds <= 60:
+        raise SystemExit("--pages between 1 and 500, --seconds between 5 and 1800, --rounds between 1 and 60")
 
     with tempfile.TemporaryDirectory(prefix="watchers-") as tmp:
         work = Path(tmp)
@@ -544,9 +563,10 @@ def main() -> None:
                     res = asyncio.run(watch(url, args.mode, n, args.seconds, seed=100 * r + i))
                     res["pages_cpu_share_of_2_cores"] = round((time.process_time() - cpu0) / (time.time() - t0) / 2, 3)
                     res["cpu"] = cpu.stop()
-                    res.update(round=r, **step_fields(metrics, t0, time.time()))
+                    res.update(round=r, t0=t0, t1=time.time(), **step_fields(metrics, t0, time.time()))
                     phases.append(res)
                 phases.append(baseline_phase(metrics, args.seconds, cpu))
+            spans = step_spans(metrics)
         finally:
             if trainer is not None:
                 stop_app(trainer)  # SIGINT: the CLI stops its run and exits
@@ -563,6 +583,7 @@ def main() -> None:
         "rounds": args.rounds,
         "phases": with_slowdowns(phases),
         "summary": summary(phases, args.pages),
+        "lockin": {str(n): lockin_slowdown(spans, phases, n) for n in args.pages},
         "command": "python bench/watchers.py " + " ".join(sys.argv[1:]),
     }
     emit(result, args.out)
@@ -573,7 +594,7 @@ def baseline_phase(metrics: Path, seconds: float, cpu: CpuMeter) -> dict:
     cpu.start()
     time.sleep(seconds)
     used = cpu.stop()
-    return {"pages": 0, **step_fields(metrics, t0, time.time()), "cpu": used}
+    return {"pages": 0, "t0": t0, "t1": time.time(), **step_fields(metrics, t0, time.time()), "cpu": used}
 
 
 class CpuMeter:
@@ -630,16 +651,74 @@ def with_slowdowns(phases: list[dict]) -> list[dict]:
     return phases
 
 
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+# Student-t 0.975 quantiles by degrees of freedom; past 30, 2.042 (30's) is slightly wide (60: 2.000)
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+       11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+       20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048,
+       29: 2.045, 30: 2.042}
 
 
 def mean_ci95(xs: list[float]) -> list[float] | None:
     """Student-t 95% interval of the mean of `xs` (the rounds' slowdowns), None with fewer than two."""
     if len(xs) < 2:
         return None
-    half = T95.get(len(xs) - 1, 2.2) * statistics.stdev(xs) / math.sqrt(len(xs))
+    half = T95.get(len(xs) - 1, T95[30]) * statistics.stdev(xs) / math.sqrt(len(xs))
     m = statistics.mean(xs)
     return [round(m - half, 3), round(m + half, 3)]
+
+
+def lockin_slowdown(spans: list[tuple[float, float, float]], phases: list[dict], n: int) -> dict | None:
+    """The pages' slowdown of training by every step, not only those inside one phase, robust to the host's drift.
+
+    A page phase and a baseline alternate every `--seconds` (a lock-in: the load is switched on and off much
+    faster than the host's speed drifts). Each step gets `f`, the share of its duration under N pages, and
+    `y` = log(seconds per generated token). Both are taken relative to their means over the steps within
+    one cycle either side (a page phase and a baseline: the local mean of `f` is then near 1/2 and the local
+    mean of `y` follows the drift), and the slope of y on f by least squares is the log of the step's
+    slowdown with the pages on for all of it: `slowdown` = exp(slope) - 1. Steps that straddle a phase
+    boundary count for their share (no step is dropped for not fitting a window, which with steps half a
+    phase long favours short steps). Steps overlapping another N's page phases are left out. The 95%
+    interval is a delete-one-cycle jackknife (cycles: from one N-page phase's start to the next), Student-t
+    on the cycles' count."""
+    mine = [(p["t0"], p["t1"]) for p in phases if p["pages"] == n and "t0" in p]
+    other = [(p["t0"], p["t1"]) for p in phases if p["pages"] not in (0, n) and "t0" in p]
+    if len(mine) < 2:
+        return None
+
+    def cover(a, b, wins):
+        return sum(max(0.0, min(b, w1) - max(a, w0)) for w0, w1 in wins) / (b - a)
+
+    starts = sorted(w0 for w0, _ in mine)
+    cycle = (starts[-1] - starts[0]) / (len(starts) - 1)
+    lo, hi = min(p["t0"] for p in phases if "t0" in p), max(p["t1"] for p in phases if "t1" in p)
+    pts = []  # (midpoint, cycle index, f, y)
+    for a, b, tokens in spans:  # the steps inside the phases (not the warm-up step before them)
+        if b <= a or tokens <= 0 or a < lo or b > hi or cover(a, b, other) > 0:
+            continue
+        mid = 0.5 * (a + b)
+        pts.append((mid, sum(st <= mid for st in starts), cover(a, b, mine), math.log((b - a) / tokens)))
+
+    def slope(ps):
+        sxy = sxx = 0.0
+        for mid, _, f, y in ps:
+            near = [(f2, y2) for m2, _, f2, y2 in ps if abs(m2 - mid) <= cycle]
+            fm, ym = statistics.mean(f2 for f2, _ in near), statistics.mean(y2 for _, y2 in near)
+            sxy += (f - fm) * (y - ym)
+            sxx += (f - fm) ** 2
+        return sxy / sxx if sxx > 0 else None
+
+    b = slope(pts)
+    if b is None:
+        return None
+    blocks = sorted({c for _, c, _, _ in pts})
+    jack = [x for x in (slope([p for p in pts if p[1] != c]) for c in blocks) if x is not None]
+    out = {"steps": len(pts), "cycles": len(blocks), "cycle_s": round(cycle, 1), "slowdown": round(math.exp(b) - 1, 4)}
+    if len(jack) >= 2:
+        k, jm = len(jack), statistics.mean(jack)
+        se = math.sqrt((k - 1) / k * sum((x - jm) ** 2 for x in jack))
+        t = T95.get(k - 1, T95[30])
+        out["ci95"] = [round(math.exp(b - t * se) - 1, 4), round(math.exp(b + t * se) - 1, 4)]
+    return out
 
 
 def summary(phases: list[dict], pages: list[int]) -> dict:
@@ -680,6 +759,7 @@ def summary(phases: list[dict], pages: list[int]) -> dict:
             "training_slowdown_per_token_per_round": per_token,
             "training_slowdown_per_token_mean": round(statistics.mean(per_token), 3) if per_token else None,
             "training_slowdown_per_token_ci95": mean_ci95(per_token),
+            "training_slowdown_per_token_median": median(per_token),
             **{f"{k}_cores": cores(mine, f"{k}_cores") for k in ("server", "training", "steal")},
         }
         srv, srv0 = out[str(n)]["server_cores"], out["baseline"]["server_cores"]

@@ -5,7 +5,9 @@ random model."""
 
 import itertools
 import json
+import math
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -103,3 +105,69 @@ def test_request_cost_bench_times_each_page_event(tmp_path):
     ev = r["events"]
     assert all(0 < e["median_ms"] <= e["p90_ms"] for e in ev.values())
     assert ev["draw"]["answer_bytes"] > 10 * ev["poll"]["answer_bytes"]
+
+
+def test_watchers_slowdown_is_taken_against_the_baselines_around_each_page_phase():
+    from bench.watchers import mean_ci95, summary, with_slowdowns
+
+    def phase(pages, step_s, ms_per_token, rnd=0):
+        return {"pages": pages, "round": rnd, "step_s_median": step_s, "step_s": [step_s], "ms_per_token": ms_per_token,
+                "answers": 10 * pages, "errors": 0, "p95_s": 0.1, "cpu": None}
+
+    # the host slows from 10 to 14 s a step; each page phase is compared with the mean of its two neighbours
+    phases = with_slowdowns([phase(0, 10, 100), phase(30, 13.2, 132), phase(0, 12, 120), phase(30, 13, 130, 1),
+                             phase(0, 14, 140)])
+    assert [p.get("baseline_s") for p in phases] == [None, 11, None, 13, None]
+    assert [p.get("training_slowdown") for p in phases] == [None, 0.2, None, 0.0, None]
+    assert [p.get("training_slowdown_per_token") for p in phases] == [None, 0.2, None, 0.0, None]
+    s = summary(phases, [30])["30"]
+    assert s["training_slowdown_per_round"] == [0.2, 0.0] and s["training_slowdown_mean"] == 0.1
+    assert s["training_slowdown_per_token_median"] == 0.1 and s["answers"] == 600
+    # Student-t interval of a mean, by hand: mean 0.05, sd 0.0913, t(3) = 3.182 -> 0.05 +- 0.1452
+    assert mean_ci95([0.1, 0.0, -0.05, 0.15]) == [-0.095, 0.195]
+    assert mean_ci95([0.1]) is None
+    # many rounds: the t quantile tends to 2 (2.042 from 30 degrees of freedom on)
+    xs = [0.01 * (i % 5) for i in range(40)]
+    lo, hi = mean_ci95(xs)
+    assert hi - lo == pytest.approx(2 * 2.042 * statistics.stdev(xs) / math.sqrt(40), abs=2e-3)
+
+
+def _simulated_watch(slowdown: float, seed: int, rounds: int = 30):
+    """Phases as bench/watchers.py runs them (a 20-s baseline, then a page phase of 20-33 s, ...) and the
+    steps of a training whose speed drifts by +-30% over ~7 minutes and slows by `slowdown` for the share of
+    a step spent under the pages."""
+    import random
+
+    rng = random.Random(seed)
+    phases, t = [], 1000.0
+    for r in range(rounds):
+        phases.append({"pages": 0, "t0": t, "t1": t + 20})
+        t += 20
+        d = 20 + rng.uniform(0, 13)
+        phases.append({"pages": 30, "round": r, "t0": t, "t1": t + d})
+        t += d
+    phases.append({"pages": 0, "t0": t, "t1": t + 20})
+    pages = [(p["t0"], p["t1"]) for p in phases if p["pages"]]
+    spans, t = [], 990.0
+    while t < phases[-1]["t1"]:
+        tokens = rng.uniform(900, 1100)
+        d0 = tokens * 0.01 * (1 + 0.3 * math.sin(2 * math.pi * t / 400)) * math.exp(rng.gauss(0, 0.05))
+        f = sum(max(0.0, min(t + d0, b) - max(t, a)) for a, b in pages) / d0
+        d = d0 * (1 + slowdown * f)
+        spans.append((t, t + d, tokens))
+        t += d
+    return spans, phases
+
+
+@pytest.mark.parametrize("true", [0.0, 0.1, 0.25])
+def test_watchers_lockin_finds_a_known_slowdown_under_drift(true):
+    from bench.watchers import lockin_slowdown
+
+    for seed in range(3):
+        spans, phases = _simulated_watch(true, seed)
+        r = lockin_slowdown(spans, phases, 30)
+        assert r["cycles"] >= 30 and r["steps"] > 100
+        assert r["slowdown"] == pytest.approx(true, abs=0.03)
+        lo, hi = r["ci95"]
+        assert lo < r["slowdown"] < hi and hi - lo < 0.15
+    assert lockin_slowdown(spans, phases, 100) is None  # no 100-page phase
