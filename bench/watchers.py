@@ -235,22 +235,6 @@ def start_training(url: str, model: str) -> str:
     return msg.split("**")[1]
 
 
-def step_records(metrics_path: Path, t0: float, t1: float) -> list[tuple[float, float]]:
-    """(step_seconds, tokens generated) of the steps that started and ended inside [t0, t1]."""
-    out = []
-    if not metrics_path.is_file():
-        return out
-    for line in metrics_path.read_text().splitlines():
-        try:
-            m = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        s, end, rate = m.get("step_seconds"), m.get("time"), m.get("tokens_per_s")
-        if s and end and t0 <= end - s and end <= t1:
-            out.append((s, rate * s if rate else 0.0))
-    return out
-
-
 def step_spans(metrics_path: Path) -> list[tuple[float, float, float]]:
     """(start, end, tokens generated) of every step in the run's metrics."""
     out = []
@@ -262,9 +246,14 @@ def step_spans(metrics_path: Path) -> list[tuple[float, float, float]]:
         except json.JSONDecodeError:
             continue
         s, end, rate = m.get("step_seconds"), m.get("time"), m.get("tokens_per_s")
-        if s and end and rate:
-            out.append((end - s, end, rate * s))
+        if s and end:
+            out.append((end - s, end, rate * s if rate else 0.0))
     return out
+
+
+def step_records(metrics_path: Path, t0: float, t1: float) -> list[tuple[float, float]]:
+    """(step_seconds, tokens generated) of the steps that started and ended inside [t0, t1]."""
+    return [(end - start, tokens) for start, end, tokens in step_spans(metrics_path) if t0 <= start and end <= t1]
 
 
 def step_times(metrics_path: Path, t0: float, t1: float) -> list[float]:
