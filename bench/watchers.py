@@ -251,20 +251,11 @@ def step_spans(metrics_path: Path) -> list[tuple[float, float, float]]:
     return out
 
 
-def step_records(metrics_path: Path, t0: float, t1: float) -> list[tuple[float, float]]:
-    """(step_seconds, tokens generated) of the steps that started and ended inside [t0, t1]."""
-    return [(end - start, tokens) for start, end, tokens in step_spans(metrics_path) if t0 <= start and end <= t1]
-
-
-def step_times(metrics_path: Path, t0: float, t1: float) -> list[float]:
-    """step_seconds of the steps that started and ended inside [t0, t1]."""
-    return [s for s, _ in step_records(metrics_path, t0, t1)]
-
-
-def step_fields(metrics_path: Path, t0: float, t1: float) -> dict:
-    """A phase's steps: their median time, and seconds per generated token over all of them (a step's time
-    follows how long its sampled answers were, which varies from step to step; per token it does much less)."""
-    recs = step_records(metrics_path, t0, t1)
+def step_fields(spans: list[tuple[float, float, float]], t0: float, t1: float) -> dict:
+    """A phase's steps (those that started and ended inside [t0, t1]): their median time, and seconds per
+    generated token over all of them (a step's time follows how long its sampled answers were, which varies from
+    step to step; per token it does much less)."""
+    recs = [(end - start, tokens) for start, end, tokens in spans if t0 <= start and end <= t1]
     steps, tokens = [s for s, _ in recs], sum(t for _, t in recs)
     return {
         "step_s_median": median(steps),
@@ -539,12 +530,12 @@ def main() -> None:
                 run_id = start_training(url, args.model)
             metrics = work / "runs" / run_id / "metrics.jsonl"
             deadline = time.time() + 600
-            while not step_times(metrics, 0, time.time()) and time.time() < deadline:
+            while not step_spans(metrics) and time.time() < deadline:
                 time.sleep(1)  # the model loaded and a first step ended: training is warm
             if args.pages_priority == "idle":
                 os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # this process only (the app started)
             cpu = CpuMeter(proc.pid)
-            phases = [baseline_phase(metrics, args.seconds, cpu)]
+            phases = [baseline_phase(args.seconds, cpu)]
             for r in range(args.rounds):
                 for i, n in enumerate(args.pages):
                     t0, cpu0 = time.time(), time.process_time()
@@ -552,10 +543,12 @@ def main() -> None:
                     res = asyncio.run(watch(url, args.mode, n, args.seconds, seed=100 * r + i))
                     res["pages_cpu_share_of_2_cores"] = round((time.process_time() - cpu0) / (time.time() - t0) / 2, 3)
                     res["cpu"] = cpu.stop()
-                    res.update(round=r, t0=t0, t1=time.time(), **step_fields(metrics, t0, time.time()))
+                    res.update(round=r, t0=t0, t1=time.time())
                     phases.append(res)
-                phases.append(baseline_phase(metrics, args.seconds, cpu))
-            spans = step_spans(metrics)
+                phases.append(baseline_phase(args.seconds, cpu))
+            spans = step_spans(metrics)  # read once, after the phases: each phase gets its steps from it
+            for ph in phases:
+                ph.update(step_fields(spans, ph["t0"], ph["t1"]))
         finally:
             if trainer is not None:
                 stop_app(trainer)  # SIGINT: the CLI stops its run and exits
@@ -578,12 +571,11 @@ def main() -> None:
     emit(result, args.out)
 
 
-def baseline_phase(metrics: Path, seconds: float, cpu: CpuMeter) -> dict:
+def baseline_phase(seconds: float, cpu: CpuMeter) -> dict:
     t0 = time.time()
     cpu.start()
     time.sleep(seconds)
-    used = cpu.stop()
-    return {"pages": 0, "t0": t0, "t1": time.time(), **step_fields(metrics, t0, time.time()), "cpu": used}
+    return {"pages": 0, "t0": t0, "cpu": cpu.stop(), "t1": time.time()}
 
 
 class CpuMeter:
@@ -669,8 +661,8 @@ def lockin_slowdown(spans: list[tuple[float, float, float]], phases: list[dict],
     phase long favours short steps). Steps overlapping another N's page phases are left out. The 95%
     interval is a delete-one-cycle jackknife (cycles: from one N-page phase's start to the next), Student-t
     on the cycles' count."""
-    mine = [(p["t0"], p["t1"]) for p in phases if p["pages"] == n and "t0" in p]
-    other = [(p["t0"], p["t1"]) for p in phases if p["pages"] not in (0, n) and "t0" in p]
+    mine = [(p["t0"], p["t1"]) for p in phases if p["pages"] == n]
+    other = [(p["t0"], p["t1"]) for p in phases if p["pages"] not in (0, n)]
     if len(mine) < 2:
         return None
 
@@ -679,7 +671,7 @@ def lockin_slowdown(spans: list[tuple[float, float, float]], phases: list[dict],
 
     starts = sorted(w0 for w0, _ in mine)
     cycle = (starts[-1] - starts[0]) / (len(starts) - 1)
-    lo, hi = min(p["t0"] for p in phases if "t0" in p), max(p["t1"] for p in phases if "t1" in p)
+    lo, hi = min(p["t0"] for p in phases), max(p["t1"] for p in phases)
     pts = []  # (midpoint, cycle index, f, y)
     for a, b, tokens in spans:  # the steps inside the phases (not the warm-up step before them)
         if b <= a or tokens <= 0 or a < lo or b > hi or cover(a, b, other) > 0:
