@@ -99,6 +99,14 @@ class ModelConfig:
         "Also train the (tied) token embedding / LM head. Off by default: it is 20% of SmolLM2's weights, and "
         "freezing it saves ~340 MB of gradient and optimizer memory.",
     )
+    trainable_layers: int = _f(
+        0,
+        "Train only the top N decoder layers (and the final norm); the layers below stay frozen, so the "
+        "backward pass stops at the lowest trained layer and the frozen layers keep no activations, "
+        "gradients or optimizer state. 0 = train every layer (SmolLM2-135M has 30). With LoRA, only the top "
+        "N layers' adapters train. A change to what is learned, not only to speed: measured in "
+        "docs/performance.md ('Training fewer layers').",
+    )
 
     def check(self, cfg: Config, check_paths: bool = True) -> list[tuple[str, str]]:
         """(field, how to fix it) for every problem of this section."""
@@ -125,6 +133,8 @@ class ModelConfig:
                 )
         if self.threads < 0:
             e.append(("threads", "must be 0 (one per physical core) or a positive number."))
+        if self.trainable_layers < 0:
+            e.append(("trainable_layers", "must be 0 (train every layer) or the number of top layers to train, e.g. 15."))
         if self.lora:
             if self.lora_r < 1:
                 e.append(("lora_r", "must be at least 1 (typical: 8-64)."))

@@ -41,7 +41,7 @@ from .ewc import EWCState, compute_fisher
 from .fileio import atomic_write_json, staged_dir
 from .generation import SamplingParams, generate_completions, use_fast_attention
 from .lean import layer_hooks, make_lean
-from .models import apply_lora, count_parameters, freeze_embeddings, load_model
+from .models import apply_lora, count_parameters, freeze_embeddings, freeze_lower_layers, load_model
 from .prompts import prompt_ids
 from .rewards import build_rewards
 from .runs import RunDir
@@ -306,6 +306,7 @@ def prepare_model(cfg: Config, device: str = "auto"):
         model = apply_lora(model, cfg.model)
     elif not cfg.model.train_embeddings:
         freeze_embeddings(model)
+    freeze_lower_layers(model, cfg.model.trainable_layers)
     if cfg.grpo.lean_activations:
         make_lean(model)
     layer_hooks(model, recompute=cfg.grpo.gradient_checkpointing)

@@ -223,10 +223,12 @@ def estimate_step(cfg: Config, machine: Machine | None = None) -> StepEstimate |
     embed = vocab * d
     per_layer = d * heads * hd * 2 + d * kv * hd * 2 + 3 * d * inter + 2 * d
     params = embed + layers * per_layer + d + (0 if shape["tie_word_embeddings"] else embed)
+    trained_layers = min(cfg.model.trainable_layers, layers) or layers  # the top ones; those below are frozen
+    frozen_params = (layers - trained_layers) * per_layer
     if cfg.model.lora:
-        trainable = layers * 7 * cfg.model.lora_r * (d + max(d, inter))  # adapters on every projection, at most
+        trainable = trained_layers * 7 * cfg.model.lora_r * (d + max(d, inter))  # adapters on every projection, at most
     else:
-        trainable = params - (0 if cfg.model.train_embeddings else embed)
+        trainable = params - (0 if cfg.model.train_embeddings else embed) - frozen_params
     rows, unique, plen, length = g.prompts_per_step * g.num_generations, g.prompts_per_step, prompt_tokens(cfg), \
         g.max_completion_length
     micro = cfg.micro_batch
@@ -248,9 +250,10 @@ def estimate_step(cfg: Config, machine: Machine | None = None) -> StepEstimate |
     }
     act = ACT_FACTOR * f32 * (4 * d + 2 * inter + 2 * heads * hd + 2 * kv * hd)  # per token and layer
     mb_tokens = micro * length + max(1, micro // g.num_generations) * plen
-    kept_layers = 1 if g.gradient_checkpointing else layers  # recompute: one layer's activations at a time
+    # recompute: one layer's activations at a time; frozen layers below the trained ones keep none
+    kept_layers = 1 if g.gradient_checkpointing else trained_layers
     training = {
-        "activations": mb_tokens * (kept_layers * act + (layers * d * f32 if g.gradient_checkpointing else 0)),
+        "activations": mb_tokens * (kept_layers * act + (trained_layers * d * f32 if g.gradient_checkpointing else 0)),
         "LM-head chunk": min(LOGPROB_CHUNK, micro * length) * vocab * f32 * 2,
     }
     phase, extra = max((("sampling", sampling), ("training pass", training)), key=lambda x: sum(x[1].values()))
@@ -271,7 +274,8 @@ def estimate_step(cfg: Config, machine: Machine | None = None) -> StepEstimate |
         if g.beta > 0:
             passes += 2  # the reference model's forward
         train_tokens = rows * length + unique * plen
-        training_s = passes * (flops_tok / 2) * train_tokens / (rate * TRAIN_UTIL)
+        # frozen layers run their forward only (2 FLOPs per parameter and token)
+        training_s = (passes * (flops_tok / 2 - frozen_params) + 2 * frozen_params) * train_tokens / (rate * TRAIN_UTIL)
         micro_s = training_s * mb_tokens / max(train_tokens, 1)
         total_s = sampling_s + training_s
     else:

@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from transformers.modeling_layers import GradientCheckpointingLayer
 
+from .models import decoder_layers
 from .optim import trim_heap
 
 
@@ -140,8 +140,18 @@ def _trim_hook(grad):
     trim_heap()
 
 
+def _records_graph(layer, args, kwargs) -> bool:
+    """Whether autograd will record this layer's forward: its input needs a gradient or one of its own
+    weights does. A frozen layer below the lowest trained one (model.trainable_layers) records nothing, so
+    it needs neither a recompute nor a trim hook."""
+    hidden = args[0] if args else kwargs.get("hidden_states")
+    if torch.is_tensor(hidden) and hidden.requires_grad:
+        return True
+    return any(p.requires_grad for p in layer.parameters())
+
+
 def _layer_forward(self, *args, **kwargs):
-    if not (torch.is_grad_enabled() and self.training):
+    if not (torch.is_grad_enabled() and self.training and _records_graph(self, args, kwargs)):
         return type(self).forward(self, *args, **kwargs)
     if self._grpo_recompute:
         cache = kwargs.get("past_key_values")
@@ -173,9 +183,8 @@ def layer_hooks(model, recompute: bool = False, trim_every: int = TRIM_EVERY) ->
     layer; `trim_every` > 0 hands freed heap back to the OS when backward reaches every such layer (layer
     index divisible by it). Returns how many layers were patched."""
     n = 0
-    for mod in model.modules():
-        # HF's decoder layers are GradientCheckpointingLayers with a self_attn (MLPs, norms are not)
-        if isinstance(mod, GradientCheckpointingLayer) and hasattr(mod, "self_attn") and "forward" not in mod.__dict__:
+    for mod in decoder_layers(model):
+        if "forward" not in mod.__dict__:
             idx = getattr(mod.self_attn, "layer_idx", None)
             mod._grpo_recompute = bool(recompute)
             mod._grpo_trim = bool(trim_every) and idx is not None and idx % trim_every == 0

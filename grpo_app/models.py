@@ -286,6 +286,33 @@ def freeze_embeddings(model) -> None:
         emb.weight.requires_grad_(False)
 
 
+def decoder_layers(model) -> list:
+    """The decoder layers of `model`, bottom first: Hugging Face's GradientCheckpointingLayers that have a
+    self_attn (MLPs and norms are such layers too, and have none). Works through a peft wrapper."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    found = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer) and hasattr(m, "self_attn")]
+    return sorted(found, key=lambda m: getattr(m.self_attn, "layer_idx", None) or 0)
+
+
+def freeze_lower_layers(model, trainable: int) -> int:
+    """Freeze every decoder layer below the top `trainable` ones (0 = freeze none); returns how many were
+    frozen. With the embedding frozen too, nothing below the lowest trained layer needs a gradient, so
+    autograd records nothing there: the backward pass stops at that layer."""
+    layers = decoder_layers(model)
+    if trainable <= 0:
+        return 0
+    if trainable > len(layers):
+        raise ModelError(
+            f"model.trainable_layers={trainable}, but this model has {len(layers)} decoder layers; "
+            f"use 1-{len(layers)}, or 0 to train them all."
+        )
+    frozen = layers[: len(layers) - trainable]
+    for layer in frozen:
+        layer.requires_grad_(False)
+    return len(frozen)
+
+
 def apply_lora(model, model_cfg):
     from peft import LoraConfig, get_peft_model
 

@@ -53,21 +53,6 @@ def runs_dir(tmp_path, monkeypatch):
     return d
 
 
-def tiny_config_overrides(runs: Path, steps=(2, 2)) -> list[str]:
-    return [
-        "model.name=tiny-random",
-        f"run.output_dir={runs}",
-        "run.save_every=1",
-        f"stages[0].steps={steps[0]}",
-        f"stages[1].steps={steps[1]}",
-        "grpo.num_generations=4",
-        "grpo.prompts_per_step=2",
-        "grpo.max_completion_length=12",
-        "grpo.learning_rate=0.001",
-        "ewc.fisher_samples=4",
-    ]
-
-
 def text_length(prompts, completions, **kw):
     """Test reward: a random model's completions differ in length, so groups get advantages."""
     from grpo_app.rewards import completion_text

@@ -47,6 +47,7 @@ def test_every_preset_loads_and_validates():
         ("run.keep_checkpoints=0", "run.keep_checkpoints", "resume"),
         ("model.name=not a model", "model.name", "neither"),
         ("data.gsm8k=sometimes", "data.gsm8k", "not one of"),
+        ("model.trainable_layers=-1", "model.trainable_layers", "number of top layers"),
     ],
 )
 def test_invalid_values_name_the_field_and_the_fix(override, field, words):

@@ -116,3 +116,16 @@ def test_cli_train_refuses_it_with_exit_code_2(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "Invalid configuration" in err and "one training step" in err and "KV cache" in err
     assert "Traceback" not in err and not (tmp_path / "runs").exists()
+
+
+def test_fewer_trained_layers_estimate_less_memory_and_a_shorter_training_pass():
+    """model.trainable_layers=15 of SmolLM2's 30: half the layers' gradients and optimizer state go, and the
+    frozen half runs its forward only (2 of the 8 FLOPs per parameter and token with recompute)."""
+    full = E.estimate_step(load_config("classroom"), REFERENCE)
+    top = E.estimate_step(load_config("classroom", ["model.trainable_layers=15"]), REFERENCE)
+    assert top.sampling_seconds == full.sampling_seconds
+    assert 0.5 < top.training_seconds / full.training_seconds < 0.75
+    half = 15 * (576 * 64 * 9 * 2 + 576 * 64 * 3 * 2 + 3 * 576 * 1536 + 2 * 576)  # one half's parameters
+    assert full.memory_parts["gradients"] - top.memory_parts["gradients"] == 4 * half  # fp32
+    assert load_config("classroom").grpo.optimizer == "adamw_bf16_moments"
+    assert full.memory_parts["optimizer"] - top.memory_parts["optimizer"] == 4 * half  # two bf16 moments

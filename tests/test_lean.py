@@ -154,3 +154,55 @@ def test_layer_recompute_keeps_only_layer_inputs_with_the_same_gradients(tokeniz
     assert saved[1] < saved[0] / 3, saved
     for k in grads[0]:
         torch.testing.assert_close(grads[1][k], grads[0][k], rtol=0, atol=0)
+
+
+def four_layer_tiny(tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    from grpo_app.models import tiny_config
+
+    cfg = tiny_config(len(tokenizer), "llama")
+    cfg.num_hidden_layers = 4
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+
+
+def test_trainable_layers_train_the_top_ones_and_backward_stops_at_the_lowest(tokenizer):
+    """model.trainable_layers: the lower layers get no gradient and, with layer recompute, are not run again
+    in backward (autograd recorded nothing there); the trained layers' gradients are those of a model that
+    trains every layer."""
+    from grpo_app.models import freeze_embeddings, freeze_lower_layers
+
+    ids = torch.randint(10, 400, (2, 9))
+    grads, calls = [], []
+    for trainable in (0, 2):
+        model = four_layer_tiny(tokenizer)
+        freeze_embeddings(model)
+        assert freeze_lower_layers(model, trainable) == (2 if trainable else 0)
+        make_lean(model)
+        layer_hooks(model, recompute=True, trim_every=0)
+        runs = [0] * 4
+        for i, layer in enumerate(model.model.layers):
+            # on self_attn: the recompute calls the layer's forward directly, which the layer's own hooks miss
+            layer.self_attn.register_forward_hook(lambda m, a, o, i=i, runs=runs: runs.__setitem__(i, runs[i] + 1))
+        model.train()
+        model(input_ids=ids).logits.pow(2).mean().backward()
+        grads.append({k: p.grad for k, p in model.named_parameters()})
+        calls.append(runs)
+    assert calls[0] == [2, 2, 2, 2]  # every layer: forward, then its recompute in backward
+    assert calls[1] == [1, 1, 2, 2]  # frozen layers run once
+    for k, g in grads[1].items():
+        if k.startswith(("model.layers.0.", "model.layers.1.", "model.embed_tokens")):
+            assert g is None, k
+        else:
+            torch.testing.assert_close(g, grads[0][k], rtol=1e-5, atol=1e-7, msg=k)
+
+
+def test_trainable_layers_beyond_the_model_are_refused_with_the_count(tokenizer):
+    from grpo_app.models import ModelError, freeze_lower_layers
+
+    model = four_layer_tiny(tokenizer)
+    with pytest.raises(ModelError, match=r"trainable_layers=5, but this model has 4 decoder layers; use 1-4"):
+        freeze_lower_layers(model, 5)
+    assert all(p.requires_grad for p in model.parameters())  # nothing frozen on the way
+    assert freeze_lower_layers(model, 4) == 0

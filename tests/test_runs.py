@@ -308,3 +308,25 @@ def test_a_reward_that_raises_marks_the_run_failed_and_the_manager_keeps_working
     again = mgr.start(load_config("tests/configs/tiny.yaml", [f"run.output_dir={runs_dir}", "rewards.weights={flaky: 1.0}",
                                                               "stages[0].steps=1", "stages[1].steps=1"]))
     assert mgr.wait(300) and again.read_status()["status"] == "completed"  # the manager took the next job
+
+
+def test_trainable_layers_leave_the_lower_layers_as_they_were(runs_dir, varied_reward):
+    """model.trainable_layers=1 on the 2-layer tiny model: layer 0 ends bit-identical to the base, layer 1
+    trains, and the Fisher/EWC state covers only what trains."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from grpo_app.models import load_model
+
+    cfg = tiny_cfg(runs_dir, "model.trainable_layers=1")
+    mgr = RunManager(runs_dir)
+    run = mgr.start(cfg)
+    assert mgr.wait(300)
+    assert run.read_status()["status"] == "completed"
+    trained = dict(AutoModelForCausalLM.from_pretrained(run.final_dir).named_parameters())
+    base = dict(load_model("tiny-random", seed=cfg.run.seed)[0].named_parameters())
+    changed = {n for n in base if not torch.equal(base[n], trained[n])}
+    assert changed and all(n.startswith(("model.layers.1.", "model.norm.")) for n in changed), changed
+    with safe_open(str(run.ewc_dir / "stage-0" / "ewc.safetensors"), "pt") as f:
+        keys = list(f.keys())
+    assert keys and not any("layers.0." in k or "embed_tokens" in k for k in keys), keys
