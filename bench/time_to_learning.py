@@ -74,6 +74,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="classroom")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--stages", type=int, default=0, help="train only the preset's first N stages (0 = all)")
     ap.add_argument("--every", type=float, default=60.0, help="seconds of training between snapshots")
     ap.add_argument("--n", type=int, default=200, help="held-out problems per generated stage task")
     ap.add_argument("--eval-seed", type=int, default=0)
@@ -95,6 +96,9 @@ def main() -> None:
     from grpo_app.runs import runs_root
 
     cfg = load_config(a.config, a.set)
+    if a.stages:
+        cfg.stages = cfg.stages[: a.stages]
+        cfg.validate()
     cfg.run.name = cfg.run.name or "time-to-learning"
     tmp = tempfile.TemporaryDirectory(prefix="ttl-")
     snaps = Snapshots(a.every, Path(tmp.name))

@@ -30,3 +30,15 @@ def test_time_to_learning_bench_scores_snapshots_against_the_base(tmp_path):
             assert 0 <= v["p_value"] <= 1
         assert p["goal_met"] is False  # a tiny random model does not learn arithmetic in 4 steps
     assert res["first_point_meeting_goal_s"] is None and res["peak_rss_mb"] > 0
+
+
+def test_time_to_learning_bench_trains_only_the_first_stages_asked_for(tmp_path):
+    out = tmp_path / "ttl.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "time_to_learning.py"), "--config", "tests/configs/tiny.yaml",
+           "--stages", "1", "--every", "1000", "--n", "4", "--eval-batch", "4", "--out", str(out),
+           "--set", f"run.output_dir={tmp_path / 'runs'}", "--set", "run.save_every=0"]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=dict(os.environ))
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert [p["step"] for p in res["points"]] == [2] and res["points"][0]["final"]  # stage s1's 2 steps only
+    assert set(res["sets"]) == {"stage 1: s1"}
