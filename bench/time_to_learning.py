@@ -175,6 +175,7 @@ def main() -> None:
     result = {
         "config": a.config,
         "overrides": a.set,
+        "stages": [st.name for st in cfg.stages],  # all of the preset's, or its first --stages
         "run": run.id,
         "machine": {"cores": os.cpu_count(), "torch": torch.__version__},
         "every_s": a.every,

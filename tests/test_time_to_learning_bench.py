@@ -41,4 +41,4 @@ def test_time_to_learning_bench_trains_only_the_first_stages_asked_for(tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
     assert [p["step"] for p in res["points"]] == [2] and res["points"][0]["final"]  # stage s1's 2 steps only
-    assert set(res["sets"]) == {"stage 1: s1"}
+    assert set(res["sets"]) == {"stage 1: s1"} and res["stages"] == ["s1"]
