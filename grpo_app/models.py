@@ -299,9 +299,9 @@ def freeze_lower_layers(model, trainable: int) -> int:
     """Freeze every decoder layer below the top `trainable` ones (0 = freeze none); returns how many were
     frozen. With the embedding frozen too, nothing below the lowest trained layer needs a gradient, so
     autograd records nothing there: the backward pass stops at that layer."""
-    layers = decoder_layers(model)
     if trainable <= 0:
         return 0
+    layers = decoder_layers(model)
     if trainable > len(layers):
         raise ModelError(
             f"model.trainable_layers={trainable}, but this model has {len(layers)} decoder layers; "

@@ -28,14 +28,17 @@ def tokenizer():
     return load_tokenizer(resolve_model("tiny-random"))
 
 
-def make_tiny(tokenizer, arch: str = "llama", seed: int = 0):
+def make_tiny(tokenizer, arch: str = "llama", seed: int = 0, layers: int | None = None):
     import torch
     from transformers import AutoModelForCausalLM
 
     from grpo_app.models import tiny_config
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(len(tokenizer), arch), dtype=torch.float32)
+    cfg = tiny_config(len(tokenizer), arch)
+    if layers:
+        cfg.num_hidden_layers = layers
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model.eval()

@@ -156,17 +156,6 @@ def test_layer_recompute_keeps_only_layer_inputs_with_the_same_gradients(tokeniz
         torch.testing.assert_close(grads[1][k], grads[0][k], rtol=0, atol=0)
 
 
-def four_layer_tiny(tokenizer):
-    from transformers import AutoModelForCausalLM
-
-    from grpo_app.models import tiny_config
-
-    cfg = tiny_config(len(tokenizer), "llama")
-    cfg.num_hidden_layers = 4
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-
-
 def test_trainable_layers_train_the_top_ones_and_backward_stops_at_the_lowest(tokenizer):
     """model.trainable_layers: the lower layers get no gradient and, with layer recompute, are not run again
     in backward (autograd recorded nothing there); the trained layers' gradients are those of a model that
@@ -176,7 +165,7 @@ def test_trainable_layers_train_the_top_ones_and_backward_stops_at_the_lowest(to
     ids = torch.randint(10, 400, (2, 9))
     grads, calls = [], []
     for trainable in (0, 2):
-        model = four_layer_tiny(tokenizer)
+        model = make_tiny(tokenizer, layers=4)
         freeze_embeddings(model)
         assert freeze_lower_layers(model, trainable) == (2 if trainable else 0)
         make_lean(model)
@@ -201,7 +190,7 @@ def test_trainable_layers_train_the_top_ones_and_backward_stops_at_the_lowest(to
 def test_trainable_layers_beyond_the_model_are_refused_with_the_count(tokenizer):
     from grpo_app.models import ModelError, freeze_lower_layers
 
-    model = four_layer_tiny(tokenizer)
+    model = make_tiny(tokenizer, layers=4)
     with pytest.raises(ModelError, match=r"trainable_layers=5, but this model has 4 decoder layers; use 1-4"):
         freeze_lower_layers(model, 5)
     assert all(p.requires_grad for p in model.parameters())  # nothing frozen on the way
