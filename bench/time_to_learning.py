@@ -10,6 +10,7 @@ How the clock and the snapshots work (so that scoring does not slow the training
   written to a temporary safetensors file (a bench-only trainer callback; about a second, subtracted
   from the clock, as is the copy of the final model's weights; on disk, so the run's peak RSS is the
   training's own). Nothing is scored while the run trains.
+* `--at-steps 10,22` also snapshots at those global steps (the classroom's stage 1 ends at step 10).
 * After training, each snapshot (base weights + the snapshot's trainable weights) and the base model are
   scored greedily on the same held-out problems of every generated stage task (none of them in any of the
   run's training pools, checked), with the app's evaluation (`evaluation.CompareSpec`, `evaluate`).
@@ -38,8 +39,9 @@ GOAL = {"min_gain": [0.30, 0.15], "p": 0.01, "format": 0.95}
 class Snapshots:
     """Saves the trainable weights at the first step end past each wall-clock mark (bench instrumentation)."""
 
-    def __init__(self, every: float, folder: Path):
+    def __init__(self, every: float, folder: Path, at_steps: frozenset[int] = frozenset()):
         self.every, self.folder, self.t0, self.paused = every, folder, None, 0.0
+        self.at_steps = at_steps  # also snapshot at these global steps (e.g. the end of each stage)
         self.points: list[dict] = []
 
     def clock(self) -> float:
@@ -62,10 +64,14 @@ class Snapshots:
 
         class _Snap(TrainerCallback):
             def on_step_end(self, args, state, control, model=None, **kw):
-                done = [p for p in snaps.points if not p["final"]]
-                if model is not None and snaps.clock() >= snaps.every * (len(done) + 1):
-                    offset = kw.get("offset", 0)
-                    snaps.take(model, state.global_step + offset)
+                if model is None:
+                    return
+                step = state.global_step + kw.get("offset", 0)
+                marks = sum(1 for p in snaps.points if p.get("mark"))
+                due = snaps.clock() >= snaps.every * (marks + 1)
+                if due or step in snaps.at_steps:
+                    snaps.take(model, step)
+                    snaps.points[-1].update(mark=due, at_step=step in snaps.at_steps)
 
         return _Snap()
 
@@ -77,12 +83,20 @@ def main() -> None:
     ap.add_argument("--stages", type=int, default=0, help="train only the preset's first N stages (0 = all)")
     ap.add_argument("--every", type=float, default=60.0, help="seconds of training between snapshots")
     ap.add_argument("--n", type=int, default=200, help="held-out problems per generated stage task")
+    ap.add_argument("--at-steps", default="", metavar="N,M",
+                    help="also snapshot at these global steps (e.g. 10 = the classroom's end of stage 1)")
     ap.add_argument("--eval-seed", type=int, default=0)
     ap.add_argument("--eval-batch", type=int, default=32)
     ap.add_argument("--out", default="assets/time_to_learning.json")
     a = ap.parse_args()
     if a.every <= 0 or a.n < 1:
         ap.error("--every must be > 0 and --n at least 1")
+    try:
+        at_steps = frozenset(int(x) for x in a.at_steps.split(",") if x.strip())
+    except ValueError:
+        ap.error(f"--at-steps takes step numbers separated by commas, e.g. 10,22 (got {a.at_steps!r})")
+    if any(k < 1 for k in at_steps):
+        ap.error("--at-steps: steps count from 1")
 
     import tempfile
 
@@ -101,7 +115,7 @@ def main() -> None:
         cfg.validate()
     cfg.run.name = cfg.run.name or "time-to-learning"
     tmp = tempfile.TemporaryDirectory(prefix="ttl-")
-    snaps = Snapshots(a.every, Path(tmp.name))
+    snaps = Snapshots(a.every, Path(tmp.name), at_steps)
 
     # Bench-only instrumentation: the engine's own callback also takes the snapshots (the engine offers no
     # hook for this on purpose: a run never pays for it).
@@ -151,7 +165,8 @@ def main() -> None:
         with torch.no_grad():
             for n, p in model.named_parameters():
                 p.copy_(weights.get(n, base_weights[n]))
-        row = {"train_seconds": snap["train_seconds"], "step": snap["step"], "final": snap["final"], "sets": {}}
+        row = {"train_seconds": snap["train_seconds"], "step": snap["step"], "final": snap["final"],
+               "at_step": bool(snap.get("at_step")), "sets": {}}
         for name, (probs, s, _, _k) in sets.items():
             res = evaluate(model, tok, probs, s)
             pr = paired(base[name]["records"], res["records"])
@@ -179,6 +194,7 @@ def main() -> None:
         "run": run.id,
         "machine": {"cores": os.cpu_count(), "torch": torch.__version__},
         "every_s": a.every,
+        "at_steps": sorted(at_steps),
         "run_wall_seconds_incl_load": round(wall, 1),
         "snapshot_copy_seconds": round(snaps.paused, 2),
         "peak_rss_mb": round(st.get("peak_rss_mb") or 0),

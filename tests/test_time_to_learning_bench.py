@@ -42,3 +42,19 @@ def test_time_to_learning_bench_trains_only_the_first_stages_asked_for(tmp_path)
     res = json.loads(out.read_text())
     assert [p["step"] for p in res["points"]] == [2] and res["points"][0]["final"]  # stage s1's 2 steps only
     assert set(res["sets"]) == {"stage 1: s1"} and res["stages"] == ["s1"]
+
+
+def test_time_to_learning_bench_snapshots_at_the_steps_asked_for(tmp_path):
+    out = tmp_path / "ttl.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "time_to_learning.py"), "--config", "tests/configs/tiny.yaml",
+           "--at-steps", "2,3", "--every", "100000", "--n", "4", "--eval-batch", "4", "--out", str(out),
+           "--set", f"run.output_dir={tmp_path / 'runs'}", "--set", "run.save_every=0"]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=dict(os.environ))
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    # no wall-clock mark is reached: the end of stage s1 (step 2), step 3, then the final model
+    assert [(p["step"], p["at_step"], p["final"]) for p in res["points"]] == [
+        (2, True, False), (3, True, False), (4, False, True)]
+    assert res["at_steps"] == [2, 3]
+    bad = subprocess.run(cmd[:2] + ["--at-steps", "two"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--at-steps takes step numbers" in bad.stderr and "Traceback" not in bad.stderr
