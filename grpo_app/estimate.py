@@ -285,7 +285,18 @@ def estimate_step(cfg: Config, machine: Machine | None = None) -> StepEstimate |
 
 def check_step(cfg: Config, machine: Machine | None = None, max_minutes: float | None = None) -> StepEstimate | None:
     """Raise ConfigError when one step of `cfg` cannot fit this machine's memory or would run longer than
-    `max_minutes` (GRPO_APP_MAX_STEP_MINUTES); the message carries the estimate. Returns the estimate."""
+    `max_minutes` (GRPO_APP_MAX_STEP_MINUTES); the message carries the estimate. Also refuses a
+    `model.trainable_layers` above the model's layer count, read offline, before any run folder exists
+    (the model load would refuse it too, with the same range, but only after the run had started).
+    Returns the estimate."""
+    shape = model_shape(cfg.model.name)
+    layers = (shape or {}).get("num_hidden_layers")
+    if layers and cfg.model.trainable_layers > layers:
+        raise ConfigError(
+            [("model.trainable_layers",
+              f"is {cfg.model.trainable_layers}, but {cfg.model.name} has {layers} decoder layers; "
+              f"use 1-{layers}, or 0 to train them all.")]
+        )
     est = estimate_step(cfg, machine)
     if est is None:
         return None

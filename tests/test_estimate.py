@@ -129,3 +129,17 @@ def test_fewer_trained_layers_estimate_less_memory_and_a_shorter_training_pass()
     assert full.memory_parts["gradients"] - top.memory_parts["gradients"] == 4 * half  # fp32
     assert load_config("classroom").grpo.optimizer == "adamw_bf16_moments"
     assert full.memory_parts["optimizer"] - top.memory_parts["optimizer"] == 4 * half  # two bf16 moments
+
+
+def test_more_trained_layers_than_the_model_has_are_refused_before_a_run_folder_exists(tmp_path):
+    """model.trainable_layers=31 on SmolLM2's 30 layers: refused by the start check with the valid range (the
+    model load refuses it too, but only once a run folder exists); 30, all of them, passes."""
+    with pytest.raises(ConfigError) as e:
+        E.check_step(load_config("classroom", ["model.trainable_layers=31"]), REFERENCE)
+    (path, msg), = e.value.errors
+    assert path == "model.trainable_layers" and "has 30 decoder layers" in msg and "use 1-30, or 0" in msg
+    assert E.check_step(load_config("classroom", ["model.trainable_layers=30"]), REFERENCE) is not None
+    mgr = RunManager(tmp_path / "runs")
+    with pytest.raises(ConfigError, match="30 decoder layers"):
+        mgr.start(load_config("classroom", ["model.trainable_layers=99"]))
+    assert mgr.runs() == [] and not mgr.active
