@@ -36,6 +36,9 @@ Each setup runs in its own subprocess (so peak RSS, read with getrusage, is its 
              (`model.trainable_layers`, default 15 of 30): the frozen layers below run their forward
              only. A change to learning as well as to speed (docs/performance.md, "Training fewer
              layers").
+* engine_top_matched - engine_top with layer recompute off: the trained layers keep their activations
+             (half as many as engine_matched keeps), so the peak stays near engine's. Recompute changes
+             only memory and time, never the gradients (tests/test_lean.py), so it learns as engine_top.
 * engine_full - the engine training every weight, the tied embedding too.
 
 The first step of each training setup is a warm-up and is not counted.
@@ -369,6 +372,9 @@ def main() -> None:
             r = bench_engine(a.steps, a.prompts_per_step, ["grpo.gradient_checkpointing=false"])
         elif a.child == "engine_top":  # only the top layers train; backward stops below them
             r = bench_engine(a.steps, a.prompts_per_step, [f"model.trainable_layers={a.trainable_layers}"])
+        elif a.child == "engine_top_matched":  # the same, layer recompute off
+            r = bench_engine(a.steps, a.prompts_per_step, [f"model.trainable_layers={a.trainable_layers}",
+                                                             "grpo.gradient_checkpointing=false"])
         elif a.child == "engine_full":  # every weight trained, the tied embedding too
             r = bench_engine(a.steps, a.prompts_per_step, ["model.train_embeddings=true"])
         print(json.dumps(r))
@@ -391,7 +397,7 @@ def main() -> None:
         res["generation"] = _child("gen", ["--gflops", str(gemm["gflops_peak"])])
     if "monitor" in only:
         res["monitor"] = _child("monitor", [])
-    for mode in ("trl", "trl_tuned", "engine", "engine_matched", "engine_top", "engine_full"):
+    for mode in ("trl", "trl_tuned", "engine", "engine_matched", "engine_top", "engine_top_matched", "engine_full"):
         if mode in only:
             res[mode] = _child(mode, common)
             print(f"# {mode}: {json.dumps(res[mode])}", file=sys.stderr, flush=True)
@@ -399,7 +405,8 @@ def main() -> None:
         res["speedup_completions_per_s"] = round(res["engine"]["completions_per_s"] / res["trl"]["completions_per_s"], 2)
         res["speedup_tokens_per_s"] = round(res["engine"]["tokens_per_s"] / res["trl"]["tokens_per_s"], 2)
     for eng, key in (("engine", "speedup_vs_tuned_trl"), ("engine_matched", "speedup_matched_vs_tuned_trl"),
-                     ("engine_top", "speedup_top_layers_vs_tuned_trl")):
+                     ("engine_top", "speedup_top_layers_vs_tuned_trl"),
+                     ("engine_top_matched", "speedup_top_layers_matched_vs_tuned_trl")):
         # against a well-tuned TRL (issue goal: >= 3x and >= 2x); matched: layer recompute off on both sides;
         # top layers: the engine training only the top --trainable-layers layers
         if "trl_tuned" in res and eng in res:
