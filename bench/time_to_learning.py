@@ -190,6 +190,7 @@ def main() -> None:
     result = {
         "config": a.config,
         "overrides": a.set,
+        "command": "python bench/time_to_learning.py " + " ".join(sys.argv[1:]),
         "stages": [st.name for st in cfg.stages],  # all of the preset's, or its first --stages
         "run": run.id,
         "machine": {"cores": os.cpu_count(), "torch": torch.__version__},

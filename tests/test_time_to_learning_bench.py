@@ -8,15 +8,21 @@ import sys
 
 from .conftest import ROOT
 
+BENCH = [sys.executable, str(ROOT / "bench" / "time_to_learning.py")]
 
-def test_time_to_learning_bench_scores_snapshots_against_the_base(tmp_path):
+
+def _bench(tmp_path, *args: str) -> dict:
+    """Runs the bench on the tiny preset (runs under tmp_path, no checkpoints) and returns its JSON."""
     out = tmp_path / "ttl.json"
-    cmd = [sys.executable, str(ROOT / "bench" / "time_to_learning.py"), "--config", "tests/configs/tiny.yaml",
-           "--every", "0.001", "--n", "6", "--eval-batch", "6", "--out", str(out),
+    cmd = [*BENCH, "--config", "tests/configs/tiny.yaml", *args, "--out", str(out),
            "--set", f"run.output_dir={tmp_path / 'runs'}", "--set", "run.save_every=0"]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=dict(os.environ))
     assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_time_to_learning_bench_scores_snapshots_against_the_base(tmp_path):
+    res = _bench(tmp_path, "--every", "0.001", "--n", "6", "--eval-batch", "6")
     pts = res["points"]
     # a mark that every step passes: one snapshot per optimizer step (2 + 2), then the final model
     assert [p["step"] for p in pts] == [1, 2, 3, 4, 4] and [p["final"] for p in pts] == [False] * 4 + [True]
@@ -33,28 +39,16 @@ def test_time_to_learning_bench_scores_snapshots_against_the_base(tmp_path):
 
 
 def test_time_to_learning_bench_trains_only_the_first_stages_asked_for(tmp_path):
-    out = tmp_path / "ttl.json"
-    cmd = [sys.executable, str(ROOT / "bench" / "time_to_learning.py"), "--config", "tests/configs/tiny.yaml",
-           "--stages", "1", "--every", "1000", "--n", "4", "--eval-batch", "4", "--out", str(out),
-           "--set", f"run.output_dir={tmp_path / 'runs'}", "--set", "run.save_every=0"]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=dict(os.environ))
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads(out.read_text())
+    res = _bench(tmp_path, "--stages", "1", "--every", "1000", "--n", "4", "--eval-batch", "4")
     assert [p["step"] for p in res["points"]] == [2] and res["points"][0]["final"]  # stage s1's 2 steps only
     assert set(res["sets"]) == {"stage 1: s1"} and res["stages"] == ["s1"]
 
 
 def test_time_to_learning_bench_snapshots_at_the_steps_asked_for(tmp_path):
-    out = tmp_path / "ttl.json"
-    cmd = [sys.executable, str(ROOT / "bench" / "time_to_learning.py"), "--config", "tests/configs/tiny.yaml",
-           "--at-steps", "2,3", "--every", "100000", "--n", "4", "--eval-batch", "4", "--out", str(out),
-           "--set", f"run.output_dir={tmp_path / 'runs'}", "--set", "run.save_every=0"]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=dict(os.environ))
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads(out.read_text())
+    res = _bench(tmp_path, "--at-steps", "2,3", "--every", "100000", "--n", "4", "--eval-batch", "4")
     # no wall-clock mark is reached: the end of stage s1 (step 2), step 3, then the final model
     assert [(p["step"], p["at_step"], p["final"]) for p in res["points"]] == [
         (2, True, False), (3, True, False), (4, False, True)]
-    assert res["at_steps"] == [2, 3]
-    bad = subprocess.run(cmd[:2] + ["--at-steps", "two"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res["at_steps"] == [2, 3] and "--at-steps 2,3" in res["command"]
+    bad = subprocess.run([*BENCH, "--at-steps", "two"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--at-steps takes step numbers" in bad.stderr and "Traceback" not in bad.stderr
