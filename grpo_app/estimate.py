@@ -289,14 +289,12 @@ def check_step(cfg: Config, machine: Machine | None = None, max_minutes: float |
     `model.trainable_layers` above the model's layer count, read offline, before any run folder exists
     (the model load would refuse it too, with the same range, but only after the run had started).
     Returns the estimate."""
-    shape = model_shape(cfg.model.name)
-    layers = (shape or {}).get("num_hidden_layers")
-    if layers and cfg.model.trainable_layers > layers:
-        raise ConfigError(
-            [("model.trainable_layers",
-              f"is {cfg.model.trainable_layers}, but {cfg.model.name} has {layers} decoder layers; "
-              f"use 1-{layers}, or 0 to train them all.")]
-        )
+    from .models import trainable_layers_problem
+
+    layers = (model_shape(cfg.model.name) or {}).get("num_hidden_layers")
+    problem = layers and trainable_layers_problem(cfg.model.trainable_layers, layers)
+    if problem:
+        raise ConfigError([("model.trainable_layers", problem)])
     est = estimate_step(cfg, machine)
     if est is None:
         return None

@@ -295,6 +295,16 @@ def decoder_layers(model) -> list:
     return sorted(found, key=lambda m: getattr(m.self_attn, "layer_idx", None) or 0)
 
 
+def trainable_layers_problem(trainable: int, layers: int) -> str | None:
+    """Why `model.trainable_layers=trainable` cannot be used on a model of `layers` decoder layers (None when
+    it can): the one wording for the start check (estimate.check_step, from the shape read offline) and the
+    model load (freeze_lower_layers)."""
+    if trainable <= layers:
+        return None
+    return (f"model.trainable_layers={trainable}, but this model has {layers} decoder layers; "
+            f"use 1-{layers}, or 0 to train them all.")
+
+
 def freeze_lower_layers(model, trainable: int) -> int:
     """Freeze every decoder layer below the top `trainable` ones (0 = freeze none); returns how many were
     frozen. With the embedding frozen too, nothing below the lowest trained layer needs a gradient, so
@@ -302,11 +312,9 @@ def freeze_lower_layers(model, trainable: int) -> int:
     if trainable <= 0:
         return 0
     layers = decoder_layers(model)
-    if trainable > len(layers):
-        raise ModelError(
-            f"model.trainable_layers={trainable}, but this model has {len(layers)} decoder layers; "
-            f"use 1-{len(layers)}, or 0 to train them all."
-        )
+    problem = trainable_layers_problem(trainable, len(layers))
+    if problem:
+        raise ModelError(problem)
     frozen = layers[: len(layers) - trainable]
     for layer in frozen:
         layer.requires_grad_(False)
