@@ -11,7 +11,8 @@ running at that moment (and at each phase's start and end): sampling ("generate"
 Variants: the preset as it is (layer recompute on, the default); with `grpo.gradient_checkpointing=false`
 (every layer's activations kept for backward); with `grpo.lean_activations=false` (HF's own MLP/RMSNorm
 backward); with `ewc.offload=false` (Fisher and anchor held in memory rather than read from the run
-folder); with `grpo.micro_batch_size=4` (half the completions per forward+backward).
+folder); with `grpo.micro_batch_size=4` (half the completions per forward+backward); with `model.trainable_layers=15`
+(only the top half of the layers trained), with and without layer recompute.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ VARIANTS = {
     "hf_modules": ["grpo.lean_activations=false"],
     "ewc_in_memory": ["ewc.offload=false"],
     "micro4": ["grpo.micro_batch_size=4"],
+    "top15": ["model.trainable_layers=15"],
+    "top15_no_checkpointing": ["model.trainable_layers=15", "grpo.gradient_checkpointing=false"],
 }
 
 
