@@ -161,6 +161,14 @@ class DataConfig:
     hub_dataset: str = _f("openai/gsm8k", "Hub dataset id for GSM8K (config 'main').")
     custom_path: str = _f("", "A JSONL or CSV file with question and answer columns, for stages with source: custom.")
     system_prompt: str = _f(DEFAULT_SYSTEM_PROMPT, "System message sent before every problem.")
+    training_hint: str = _f(
+        "",
+        "Text added after every question while training only (sampling and the Fisher pass); Compare, Try and an "
+        "exported model ask the plain question, so the comparison with the base shows what training taught. "
+        "E.g. a reminder of the answer format: the embedded model writes a '####' in 16% of its sampled answers "
+        "with one, 1.6% without, so the format is learned on every seed (docs/experiments.md, 'The answer line "
+        "is a rare event'). Empty = none.",
+    )
     seed: int = _f(1234, "Seed for drawing each stage's problems.")
 
     def check(self, cfg: Config, check_paths: bool = True) -> list[tuple[str, str]]:
@@ -177,6 +185,8 @@ class DataConfig:
                 )
         if len(self.system_prompt) > 4000:
             e.append(("system_prompt", "is longer than 4000 characters; shorten it."))
+        if len(self.training_hint) > 1000:
+            e.append(("training_hint", "is longer than 1000 characters; shorten it."))
         if not 0 <= self.seed <= MAX_SEED:
             e.append(("seed", f"must be between 0 and {MAX_SEED} (got {_show(self.seed)})."))
         return e

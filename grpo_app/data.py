@@ -435,11 +435,11 @@ def heldout_pool(stage, data_cfg, n: int, seed: int, exclude_questions: set[str]
     return StagePool(kept[:n], origin, pool.source)
 
 
-def to_rows(problems: list[Problem], system_prompt: str) -> list[dict]:
+def to_rows(problems: list[Problem], system_prompt: str, after_question: str = "") -> list[dict]:
     """Rows for TRL: 'prompt' (chat messages) plus the columns reward functions receive."""
     return [
         {
-            "prompt": build_messages(p.question, system_prompt),
+            "prompt": build_messages(p.question, system_prompt, after_question),
             "answer": p.answer,
             "difficulty": p.difficulty,
             "question": p.question,

@@ -270,12 +270,12 @@ def _set_rng_states(states: dict) -> None:
         torch.cuda.random.set_rng_state_all(states["cuda"])
 
 
-def _reference_samples(tokenizer, problems, system_prompt: str, n: int, seed: int):
+def _reference_samples(tokenizer, problems, data_cfg, n: int, seed: int):
     rng = random.Random(seed)
     picks = rng.sample(problems, min(n, len(problems)))
     out = []
     for p in picks:
-        prompt = prompt_ids(tokenizer, p.question, system_prompt)
+        prompt = prompt_ids(tokenizer, p.question, data_cfg.system_prompt, data_cfg.training_hint)
         completion = tokenizer(p.solution, add_special_tokens=False)["input_ids"]
         out.append((prompt, completion))
     return out
@@ -285,7 +285,7 @@ def _fresh_samples(model, tokenizer, problems, cfg: Config, n: int, seed: int):
     """Sample the policy once per prompt (used when a resumed run has no recent samples)."""
     rng = random.Random(seed)
     picks = rng.sample(problems, min(n, len(problems)))
-    prompts = [prompt_ids(tokenizer, p.question, cfg.data.system_prompt) for p in picks]
+    prompts = [prompt_ids(tokenizer, p.question, cfg.data.system_prompt, cfg.data.training_hint) for p in picks]
     params = SamplingParams(
         max_new_tokens=cfg.grpo.max_completion_length,
         temperature=cfg.grpo.temperature,
@@ -391,7 +391,7 @@ class _Job:
         n = cfg.ewc.fisher_samples
         note = cfg.ewc.fisher_source
         if cfg.ewc.fisher_source == "reference":
-            samples = _reference_samples(self.tok, pool.problems, cfg.data.system_prompt, n, cfg.run.seed + k)
+            samples = _reference_samples(self.tok, pool.problems, cfg.data, n, cfg.run.seed + k)
         elif len(recent) >= n:
             samples = random.Random(cfg.run.seed + k).sample(recent, n)
         else:
@@ -459,7 +459,7 @@ class _Job:
         _activity(reporter, f"the set-up of stage {k + 1} (none of its steps has begun)")
         from datasets import Dataset
 
-        dataset = Dataset.from_list(to_rows(pool.problems, cfg.data.system_prompt))
+        dataset = Dataset.from_list(to_rows(pool.problems, cfg.data.system_prompt, cfg.data.training_hint))
         box: dict = {}
 
         def on_group(snap):

@@ -193,10 +193,10 @@ def _minutes(s: float | None) -> str:
 
 
 def prompt_tokens(cfg: Config) -> int:
-    """Assumed prompt length: the system prompt (~3.5 characters a token) + chat template + a question
-    (GSM8K ~80 tokens, generated problems ~30)."""
+    """Assumed prompt length: the system prompt and the training hint (~3.5 characters a token)
+    + chat template + a question (GSM8K ~80 tokens, generated problems ~30)."""
     gsm = any(s.source in ("gsm8k", "gsm_symbolic", "custom") for s in cfg.stages)
-    return math.ceil(len(cfg.data.system_prompt) / 3.5) + 12 + (80 if gsm else 30)
+    return math.ceil((len(cfg.data.system_prompt) + len(cfg.data.training_hint)) / 3.5) + 12 + (80 if gsm else 30)
 
 
 def _gen_util(rows: int) -> float:

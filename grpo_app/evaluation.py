@@ -75,6 +75,9 @@ class EvalSettings:
     max_new_tokens: int = 256
     batch_size: int = 32
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    # Text after each question in the user turn. A run's comparisons leave it empty: a data.training_hint is
+    # for training only, and both models are asked the plain question (benches may ask with the hint too).
+    after_question: str = ""
     source: str = "gsm8k"  # gsm8k (test split) or a generated task (held-out seeds)
     min_difficulty: int = 0
     max_difficulty: int = 99
@@ -161,7 +164,7 @@ def evaluate(
         if should_stop is not None and should_stop():
             break
         idx = order[start : start + settings.batch_size]
-        batch = [prompt_ids(tokenizer, problems[i].question, settings.system_prompt) for i in idx]
+        batch = [prompt_ids(tokenizer, problems[i].question, settings.system_prompt, settings.after_question) for i in idx]
         out = generate_completions(model, tokenizer, batch, params)
         gen_tokens += out.generated_tokens
         for i, ids, reason in zip(idx, out.completion_ids, out.stop_reasons):
@@ -264,7 +267,7 @@ def sample_pass_k(
         if should_stop is not None and should_stop():
             break
         batch = problems[start : start + per_batch]
-        ids = [prompt_ids(tokenizer, p.question, settings.system_prompt) for p in batch for _ in range(k)]
+        ids = [prompt_ids(tokenizer, p.question, settings.system_prompt, settings.after_question) for p in batch for _ in range(k)]
         params = SamplingParams(
             max_new_tokens=settings.max_new_tokens,
             temperature=settings.pass_temperature,
@@ -339,6 +342,8 @@ def cache_key(models: list[str], settings: EvalSettings) -> str:
     st = asdict(settings)
     if not settings.pass_k:  # (keys of comparisons without pass@k stay what they were before it existed)
         st.pop("pass_k"), st.pop("pass_temperature")
+    if not settings.after_question:  # (likewise for after_question)
+        st.pop("after_question")
     blob = json.dumps({"models": [_model_fingerprint(m) for m in models], "settings": st}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

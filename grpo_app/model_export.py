@@ -347,7 +347,11 @@ def model_card(run: RunDir, fmt: str = "safetensors", quant: str = "f32", files:
     else:
         lines.append("This run has no saved comparison (the Compare tab saves one), so this card reports no accuracy.")
     lines += ["", "## Prompt", "", "Trained with this system message before every problem:", "", "```"]
-    lines += [cfg.data.system_prompt, "```", "", "The answer ends with a line `#### <number>`.", "", "## Use", ""]
+    lines += [cfg.data.system_prompt, "```", ""]
+    if cfg.data.training_hint:
+        lines += ["While training, every question was followed by this hint (evaluated, and meant to be used, "
+                  "without it):", "", "```", cfg.data.training_hint.strip("\n"), "```", ""]
+    lines += ["The answer ends with a line `#### <number>`.", "", "## Use", ""]
     if fmt == "gguf":
         gguf_name = next((f for f in files or [] if f.endswith(".gguf")), "model.gguf")
         lines += [
