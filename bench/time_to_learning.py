@@ -22,6 +22,7 @@ How the clock and the snapshots work (so that scoring does not slow the training
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -85,6 +86,9 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=200, help="held-out problems per generated stage task")
     ap.add_argument("--at-steps", default="", metavar="N,M",
                     help="also snapshot at these global steps (e.g. 10 = the classroom's end of stage 1)")
+    ap.add_argument("--with-hint", action="store_true",
+                    help="also score the base and every point asked with the run's data.training_hint "
+                         "(the main scores ask the plain question, as Compare does)")
     ap.add_argument("--eval-seed", type=int, default=0)
     ap.add_argument("--eval-batch", type=int, default=32)
     ap.add_argument("--out", default="assets/time_to_learning.json")
@@ -156,9 +160,29 @@ def main() -> None:
         probs, origin = spec.problems(exclude)
         sets[f"stage {k + 1}: {stage.name}"] = (probs, spec.settings, origin, k)
 
+    hinted = {}  # the same problems asked with the run's training hint (--with-hint)
+    if a.with_hint and cfg.data.training_hint:
+        for name, (probs, s, origin, k) in sets.items():
+            hinted[name] = (probs, dataclasses.replace(s, after_question=cfg.data.training_hint), origin, k)
+
+    def scores(model, sets, base) -> dict:
+        out = {}
+        for name, (probs, s, _, _k) in sets.items():
+            res = evaluate(model, tok, probs, s)
+            sm = res["summary"]
+            out[name] = {
+                "accuracy": sm["accuracy"],
+                "ci": sm["ci"],
+                "format_rate": sm["format_rate"],
+                "gain": round(sm["accuracy"] - base[name]["summary"]["accuracy"], 4),
+                "p_value": paired(base[name]["records"], res["records"])["p_value"],
+            }
+        return out
+
     model, tok, _ = load_for_eval(cfg.model.name)
     base_weights = {n: p.detach().clone() for n, p in model.named_parameters()}
     base = {name: evaluate(model, tok, probs, s) for name, (probs, s, _, _) in sets.items()}
+    base_hinted = {name: evaluate(model, tok, probs, s) for name, (probs, s, _, _) in hinted.items()}
     points = []
     for snap in snaps.points:
         weights = load_file(str(snap["path"]))
@@ -166,18 +190,9 @@ def main() -> None:
             for n, p in model.named_parameters():
                 p.copy_(weights.get(n, base_weights[n]))
         row = {"train_seconds": snap["train_seconds"], "step": snap["step"], "final": snap["final"],
-               "at_step": bool(snap.get("at_step")), "sets": {}}
-        for name, (probs, s, _, _k) in sets.items():
-            res = evaluate(model, tok, probs, s)
-            pr = paired(base[name]["records"], res["records"])
-            sm = res["summary"]
-            row["sets"][name] = {
-                "accuracy": sm["accuracy"],
-                "ci": sm["ci"],
-                "format_rate": sm["format_rate"],
-                "gain": round(sm["accuracy"] - base[name]["summary"]["accuracy"], 4),
-                "p_value": pr["p_value"],
-            }
+               "at_step": bool(snap.get("at_step")), "sets": scores(model, sets, base)}
+        if hinted:
+            row["with_hint"] = scores(model, hinted, base_hinted)
         gains = [v for v in row["sets"].values()]
         row["goal_met"] = len(gains) >= 2 and all(
             g["gain"] >= GOAL["min_gain"][i] and g["p_value"] < GOAL["p"] and g["format_rate"] >= GOAL["format"]
@@ -202,6 +217,8 @@ def main() -> None:
         "goal": GOAL,
         "base": {name: {"accuracy": r["summary"]["accuracy"], "ci": r["summary"]["ci"],
                         "format_rate": r["summary"]["format_rate"]} for name, r in base.items()},
+        "base_with_hint": {name: {"accuracy": r["summary"]["accuracy"], "ci": r["summary"]["ci"],
+                                  "format_rate": r["summary"]["format_rate"]} for name, r in base_hinted.items()},
         "sets": {name: {"n": len(probs), "origin": origin,
                         "overlap_with_training": sum(p.question in exclude for p in probs)}
                  for name, (probs, _, origin, _) in sets.items()},

@@ -171,3 +171,24 @@ def test_watchers_lockin_finds_a_known_slowdown_under_drift(true):
         lo, hi = r["ci95"]
         assert lo < r["slowdown"] < hi and hi - lo < 0.15
     assert lockin_slowdown(spans, phases, 100) is None  # no 100-page phase
+
+
+def test_format_rate_counts_hand_made_answers():
+    from bench.format_rate import rates
+
+    texts = ["4 + 3 = 7\n#### 7", "#### 8 is my answer", "7", "#### 9"]
+    r = rates(texts, ["7", "8", "7", "7"], group=2)
+    assert (r["answers"], r["soft_format"], r["strict_format"]) == (4, 0.75, 0.5)
+    assert (r["correct_strict"], r["correct_flexible"]) == (0.5, 0.75)  # '#### 9' is wrong; '7' needs the fallback
+    assert r["p_step_has_answer_line"] == 0.75 and r["p_step_has_marker"] == round(1 - 0.25**2, 4)
+
+
+def test_format_rate_bench_on_the_tiny_model(tmp_path):
+    out = tmp_path / "f.json"
+    r = _bench("format_rate.py", "--config", "tests/configs/tiny.yaml", "--n", "3", "--k", "2", "--variant", "preset",
+               "--variant", "hint", "--set", 'data.training_hint="\\nHint."', "--out", str(out))
+    assert json.loads(out.read_text()) == r and set(r["variants"]) == {"preset", "hint"}
+    assert r["variants"]["preset"]["after_question"] == "\nHint."  # the preset's own hint
+    assert "'#### <number>'" in r["variants"]["hint"]["after_question"]
+    assert all(v["answers"] == 6 and 0 <= v["soft_format"] <= 1 for v in r["variants"].values())
+    assert r["samples_per_step"] == 8  # the tiny preset's G = 4 x 2 prompts

@@ -52,3 +52,14 @@ def test_time_to_learning_bench_snapshots_at_the_steps_asked_for(tmp_path):
     assert res["at_steps"] == [2, 3] and "--at-steps 2,3" in res["command"]
     bad = subprocess.run([*BENCH, "--at-steps", "two"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--at-steps takes step numbers" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_time_to_learning_bench_scores_with_the_training_hint_when_asked(tmp_path):
+    res = _bench(tmp_path, "--stages", "1", "--every", "1000", "--n", "4", "--eval-batch", "4", "--with-hint",
+                 "--set", 'data.training_hint="\\nEnd with #### <number>."')
+    (pt,) = res["points"]
+    assert set(pt["with_hint"]) == set(pt["sets"]) == set(res["base_with_hint"]) == {"stage 1: s1"}
+    v = pt["with_hint"]["stage 1: s1"]
+    assert v["gain"] == round(v["accuracy"] - res["base_with_hint"]["stage 1: s1"]["accuracy"], 4)
+    plain = _bench(tmp_path / "plain", "--stages", "1", "--every", "1000", "--n", "4", "--eval-batch", "4", "--with-hint")
+    assert "with_hint" not in plain["points"][0] and plain["base_with_hint"] == {}  # no hint: nothing to ask with
