@@ -166,8 +166,8 @@ class DataConfig:
         "Text added after every question while training only (sampling and the Fisher pass); Compare, Try and an "
         "exported model ask the plain question, so the comparison with the base shows what training taught. "
         "E.g. a reminder of the answer format: the embedded model writes a '####' in 16% of its sampled answers "
-        "with one, 1.6% without, so the format is learned on every seed (docs/experiments.md, 'The answer line "
-        "is a rare event'). Empty = none.",
+        "with one, 1.6% without, and learned the format on every seed tried, though not to answer better "
+        "(docs/experiments.md, 'The answer line is a rare event'). Empty = none.",
     )
     seed: int = _f(1234, "Seed for drawing each stage's problems.")
 
