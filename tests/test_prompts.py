@@ -99,3 +99,30 @@ def test_the_model_card_names_the_hint(tmp_path):
     card = model_card(RunDir.create(tmp_path, load_config("classroom", [SET])))
     assert "every question was followed by this hint" in card and HINT.strip() in card
     assert "this hint" not in model_card(RunDir.create(tmp_path / "plain", load_config("classroom")))
+
+
+def test_a_training_run_samples_with_the_hint_and_records_the_plain_question(tmp_path, tokenizer, monkeypatch):
+    """End to end: every prompt the training sampler gets carries the hint once; the step view keeps the question."""
+    from grpo_app import engine, trainer
+
+    seen = []
+    real = trainer.generate_completions
+
+    def spy(model, tok, prompt_ids, params, **kw):
+        seen.extend(prompt_ids)
+        return real(model, tok, prompt_ids, params, **kw)
+
+    monkeypatch.setattr(trainer, "generate_completions", spy)
+    cfg = load_config("tests/configs/tiny.yaml", [f"run.output_dir={tmp_path}", 'data.training_hint=" Reply with ####."',
+                                                  "stages[0].steps=1", "stages[1].steps=1", "ewc.enabled=false"])
+    steps = []
+
+    class Steps(engine._NullReporter):
+        def step(self, snap):
+            steps.append(snap)
+
+    engine.train(cfg, RunDir.create(tmp_path, cfg), reporter=Steps())
+    assert len(seen) == 2 * 8  # two steps of G = 4 x 2 prompts
+    assert all(tokenizer.decode(ids).count(" Reply with ####.") == 1 for ids in seen)
+    questions = [g["question"] for snap in steps for g in snap["groups"]]
+    assert questions and all(q.startswith("Calculate") and "Reply with" not in q for q in questions)
