@@ -33,7 +33,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bench.common import emit  # noqa: E402
 
-FORMAT = "give the final answer on the last line as '#### <number>'."
 # name -> (system prompt, text after the question); None: the preset's own (its data.training_hint).
 VARIANTS = {
     "preset": (None, None),
@@ -43,7 +42,7 @@ VARIANTS = {
         "number. Solve the math problem and show your work briefly.",
         "",
     ),
-    "no_system_user_format": ("", "\n\nShow your work briefly, then " + FORMAT),
+    "no_system_user_format": ("", "\n\nShow your work briefly, then give the final answer on the last line as '#### <number>'."),
 }
 
 

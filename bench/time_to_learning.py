@@ -77,6 +77,19 @@ class Snapshots:
         return _Snap()
 
 
+def hinted_sets(sets: dict, hint: str) -> dict:
+    """The same problem sets asked with `hint` after each question (--with-hint); none without a hint."""
+    if not hint:
+        return {}
+    return {name: (probs, dataclasses.replace(s, after_question=hint), origin, k)
+            for name, (probs, s, origin, k) in sets.items()}
+
+
+def brief(results: dict) -> dict:
+    """Accuracy, its interval and the format rate of each set's evaluation."""
+    return {name: {key: r["summary"][key] for key in ("accuracy", "ci", "format_rate")} for name, r in results.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="classroom")
@@ -160,12 +173,10 @@ def main() -> None:
         probs, origin = spec.problems(exclude)
         sets[f"stage {k + 1}: {stage.name}"] = (probs, spec.settings, origin, k)
 
-    hinted = {}  # the same problems asked with the run's training hint (--with-hint)
-    if a.with_hint and cfg.data.training_hint:
-        for name, (probs, s, origin, k) in sets.items():
-            hinted[name] = (probs, dataclasses.replace(s, after_question=cfg.data.training_hint), origin, k)
+    hinted = hinted_sets(sets, cfg.data.training_hint) if a.with_hint else {}
+    model, tok, _ = load_for_eval(cfg.model.name)
 
-    def scores(model, sets, base) -> dict:
+    def scores(sets, base) -> dict:
         out = {}
         for name, (probs, s, _, _k) in sets.items():
             res = evaluate(model, tok, probs, s)
@@ -179,7 +190,6 @@ def main() -> None:
             }
         return out
 
-    model, tok, _ = load_for_eval(cfg.model.name)
     base_weights = {n: p.detach().clone() for n, p in model.named_parameters()}
     base = {name: evaluate(model, tok, probs, s) for name, (probs, s, _, _) in sets.items()}
     base_hinted = {name: evaluate(model, tok, probs, s) for name, (probs, s, _, _) in hinted.items()}
@@ -190,9 +200,9 @@ def main() -> None:
             for n, p in model.named_parameters():
                 p.copy_(weights.get(n, base_weights[n]))
         row = {"train_seconds": snap["train_seconds"], "step": snap["step"], "final": snap["final"],
-               "at_step": bool(snap.get("at_step")), "sets": scores(model, sets, base)}
+               "at_step": bool(snap.get("at_step")), "sets": scores(sets, base)}
         if hinted:
-            row["with_hint"] = scores(model, hinted, base_hinted)
+            row["with_hint"] = scores(hinted, base_hinted)
         gains = [v for v in row["sets"].values()]
         row["goal_met"] = len(gains) >= 2 and all(
             g["gain"] >= GOAL["min_gain"][i] and g["p_value"] < GOAL["p"] and g["format_rate"] >= GOAL["format"]
@@ -215,10 +225,8 @@ def main() -> None:
         "snapshot_copy_seconds": round(snaps.paused, 2),
         "peak_rss_mb": round(st.get("peak_rss_mb") or 0),
         "goal": GOAL,
-        "base": {name: {"accuracy": r["summary"]["accuracy"], "ci": r["summary"]["ci"],
-                        "format_rate": r["summary"]["format_rate"]} for name, r in base.items()},
-        "base_with_hint": {name: {"accuracy": r["summary"]["accuracy"], "ci": r["summary"]["ci"],
-                                  "format_rate": r["summary"]["format_rate"]} for name, r in base_hinted.items()},
+        "base": brief(base),
+        "base_with_hint": brief(base_hinted),
         "sets": {name: {"n": len(probs), "origin": origin,
                         "overlap_with_training": sum(p.question in exclude for p in probs)}
                  for name, (probs, _, origin, _) in sets.items()},

@@ -270,12 +270,17 @@ def _set_rng_states(states: dict) -> None:
         torch.cuda.random.set_rng_state_all(states["cuda"])
 
 
+def _training_prompt(tokenizer, question: str, data_cfg) -> list[int]:
+    """A training prompt: the system prompt, the question and data.training_hint (which only training uses)."""
+    return prompt_ids(tokenizer, question, data_cfg.system_prompt, data_cfg.training_hint)
+
+
 def _reference_samples(tokenizer, problems, data_cfg, n: int, seed: int):
     rng = random.Random(seed)
     picks = rng.sample(problems, min(n, len(problems)))
     out = []
     for p in picks:
-        prompt = prompt_ids(tokenizer, p.question, data_cfg.system_prompt, data_cfg.training_hint)
+        prompt = _training_prompt(tokenizer, p.question, data_cfg)
         completion = tokenizer(p.solution, add_special_tokens=False)["input_ids"]
         out.append((prompt, completion))
     return out
@@ -285,7 +290,7 @@ def _fresh_samples(model, tokenizer, problems, cfg: Config, n: int, seed: int):
     """Sample the policy once per prompt (used when a resumed run has no recent samples)."""
     rng = random.Random(seed)
     picks = rng.sample(problems, min(n, len(problems)))
-    prompts = [prompt_ids(tokenizer, p.question, cfg.data.system_prompt, cfg.data.training_hint) for p in picks]
+    prompts = [_training_prompt(tokenizer, p.question, cfg.data) for p in picks]
     params = SamplingParams(
         max_new_tokens=cfg.grpo.max_completion_length,
         temperature=cfg.grpo.temperature,
