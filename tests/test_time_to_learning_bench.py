@@ -63,3 +63,14 @@ def test_time_to_learning_bench_scores_with_the_training_hint_when_asked(tmp_pat
     assert v["gain"] == round(v["accuracy"] - res["base_with_hint"]["stage 1: s1"]["accuracy"], 4)
     plain = _bench(tmp_path / "plain", "--stages", "1", "--every", "1000", "--n", "4", "--eval-batch", "4", "--with-hint")
     assert "with_hint" not in plain["points"][0] and plain["base_with_hint"] == {}  # no hint: nothing to ask with
+
+
+def test_hinted_sets_ask_the_same_problems_with_the_hint():
+    from bench.time_to_learning import hinted_sets
+    from grpo_app.evaluation import EvalSettings
+
+    plain = EvalSettings(n=3)
+    sets = {"stage 1: s1": (["p1", "p2"], plain, "origin", 0)}
+    (probs, s, origin, k), = hinted_sets(sets, "\nHint.").values()
+    assert (probs, origin, k) == (["p1", "p2"], "origin", 0) and s.after_question == "\nHint." and s.n == 3
+    assert plain.after_question == "" and hinted_sets(sets, "") == {}  # the plain sets stay plain
