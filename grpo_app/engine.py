@@ -498,6 +498,7 @@ class _Job:
                 stop_at_answer=cfg.grpo.stop_at_answer,
                 share_prompt_prefix=cfg.grpo.share_prompt_prefix,
                 skip_zero_advantage=cfg.grpo.skip_zero_advantage,
+                bucket_lengths=cfg.grpo.bucket_lengths,
                 top_k=cfg.grpo.top_k,
                 recent_samples=max(cfg.ewc.fisher_samples * 4, 64),
                 optimizer=cfg.grpo.optimizer,

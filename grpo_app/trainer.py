@@ -12,7 +12,13 @@ logging, checkpoints, resume — is TRL's own code):
    reused by the G completions, and the LM head projects only completion positions (TRL's CPU
    path projects every position, prompt included). Same numbers, fewer FLOPs. The engine's own layer
    recompute (`lean.layer_hooks`) keeps this path; HF's gradient checkpointing drops a cache while
-   training, so with it TRL's path is taken.
+   training, so with it TRL's path is taken. With `bucket_lengths`, the completions then run in a few
+   buckets of similar length, each cut to its longest row, instead of all padded to the longest completion
+   of the whole generation batch (TRL pads every row to it): same numbers but for float rounding (the
+   positions dropped are padding, which no real token attends to), fewer FLOPs when lengths differ,
+   as they do once some completions stop at their answer line (`length_buckets`). Every bucket but the
+   last runs on aliases of the weights, like the prompt pass, so several buckets are single process
+   only; with several processes all rows run as one bucket, still cut to its longest row.
 4. With beta = 0 and no entropy bonus, a completion whose advantage is 0 contributes exactly 0 to
    the loss and its gradient; its forward/backward is skipped and the loss is rescaled so the
    result is identical (dapo needs no rescale: its normalizer counts the whole generation batch).
@@ -77,6 +83,8 @@ class EngineOptions:
     optimizer: str = "adamw_bf16_moments"  # or "adamw" (torch.optim.AdamW, fp32 moments)
     trim_heap: bool = True  # give freed memory back to the OS after generation and each step
     merge_lora: bool = True  # with a peft model: merge adapters for sampling, unmerge for training
+    bucket_lengths: bool = True  # training pass: completions in buckets of similar length, padding cut (3)
+    bucket_overhead: int = 64  # what one more bucket costs, in padded positions (see length_buckets)
 
 
 def _unwrap_peft(model):
@@ -148,6 +156,29 @@ class PrefixLayer(DynamicLayer):
 
     def update(self, key_states, value_states, *args, **kwargs):
         return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
+
+
+def length_buckets(lengths: list[int], overhead: int) -> list[list[int]]:
+    """Rows grouped into buckets that run one forward each, cut to the bucket's longest row: the split of the
+    rows sorted by length that minimises sum(rows x longest) + overhead per bucket, `overhead` being what one
+    more bucket costs in padded positions (per-call work of every layer and its recompute, the prefix
+    keys/values copied per row, smaller matrix multiplies; EngineOptions.bucket_overhead, measured with
+    bench/bucket_lengths.py). An exact dynamic programme over the sorted lengths (a micro-batch has a few
+    dozen rows). Returns row indices, shortest bucket first."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    ls = [lengths[i] for i in order]
+    n = len(ls)
+    best, cut_at = [0.0] + [float("inf")] * n, [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(j):
+            cost = best[i] + (j - i) * ls[j - 1] + overhead
+            if cost < best[j]:
+                best[j], cut_at[j] = cost, i
+    buckets, j = [], n
+    while j > 0:
+        buckets.append(order[cut_at[j] : j])
+        j = cut_at[j]
+    return buckets[::-1]
 
 
 def _fold_grad(param, alias) -> None:
@@ -473,22 +504,53 @@ class CurriculumGRPOTrainer(GRPOTrainer):
                 torch.func.functional_call(backbone, _grad_aliases(backbone), kwargs=prompt_pass, strict=False)
             else:
                 backbone(**prompt_pass)
-        cache = _layer_cache(
-            [PrefixLayer(la.keys.index_select(0, inverse), la.values.index_select(0, inverse)) for la in cache.layers]
-        )
         suffix = input_ids[:, cut:]  # last prompt token + completion
-        labels = suffix.masked_fill(attention_mask[:, cut:] == 0, -100)
+        suffix_mask = attention_mask[:, cut:]
+        labels = suffix.masked_fill(suffix_mask == 0, -100)
         labels[:, 0] = -100
-        with self.accelerator.autocast():
-            out = model(
-                input_ids=suffix,
-                attention_mask=attention_mask,
-                past_key_values=cache,
-                labels=labels,
-                fused_lm_head=True,
+        # Right-padded: a row's real length is one past its last unmasked position.
+        positions = torch.arange(1, suffix.size(1) + 1, device=suffix.device)
+        lengths = (suffix_mask * positions).amax(dim=1).clamp(min=2).tolist()
+        if self.opts.bucket_lengths and self.accelerator.num_processes == 1:
+            buckets = length_buckets(lengths, self.opts.bucket_overhead)
+        else:
+            buckets = [list(range(suffix.size(0)))]
+        width = suffix.size(1)
+        logps, ents, rows_in_order = [], [], []
+        for i, rows in enumerate(buckets):
+            w = max(lengths[r] for r in rows) if self.opts.bucket_lengths else width
+            idx = torch.tensor(rows, device=suffix.device) if len(buckets) > 1 else None
+
+            def pick(t, idx=idx):
+                return t if idx is None else t.index_select(0, idx)
+
+            cache_b = _layer_cache(
+                [PrefixLayer(la.keys.index_select(0, pick(inverse)), la.values.index_select(0, pick(inverse)))
+                 for la in cache.layers]
             )
-        entropy = out.entropy if compute_entropy else None
-        return out.log_probs, entropy
+            call = {
+                "input_ids": pick(suffix)[:, :w],
+                "attention_mask": pick(attention_mask)[:, : cut + w],
+                "past_key_values": cache_b,
+                "labels": pick(labels)[:, :w],
+                "fused_lm_head": True,
+            }
+            with self.accelerator.autocast():
+                if i < len(buckets) - 1 and torch.is_grad_enabled():
+                    # Every bucket uses every weight: on aliases, each bucket's weight gradients are folded
+                    # in as backward produces them instead of waiting for the last bucket (_grad_aliases).
+                    unwrapped = self.accelerator.unwrap_model(model)
+                    out = torch.func.functional_call(unwrapped, _grad_aliases(unwrapped), kwargs=call, strict=False)
+                else:
+                    out = model(**call)
+            logps.append(torch.nn.functional.pad(out.log_probs, (0, width - w)))
+            if compute_entropy:
+                ents.append(torch.nn.functional.pad(out.entropy, (0, width - w)))
+            rows_in_order.extend(rows)
+        if len(buckets) == 1:
+            return logps[0], (ents[0] if compute_entropy else None)
+        back = torch.argsort(torch.tensor(rows_in_order, device=suffix.device))
+        return torch.cat(logps).index_select(0, back), (torch.cat(ents).index_select(0, back) if compute_entropy else None)
 
     # ---- 4 and 5. loss ------------------------------------------------------------------------------
     def _compute_loss(self, model, inputs):

@@ -11,7 +11,7 @@ from grpo_app.generation import use_fast_attention
 from grpo_app.lean import layer_hooks, make_lean
 from grpo_app.models import freeze_embeddings
 from grpo_app.rewards import build_rewards
-from grpo_app.trainer import CurriculumGRPOTrainer, EngineOptions, restore_forward
+from grpo_app.trainer import CurriculumGRPOTrainer, EngineOptions, length_buckets, restore_forward
 
 from .conftest import make_tiny
 
@@ -168,6 +168,99 @@ def test_prompt_pass_gradients_are_folded_in_as_they_are_produced(tmp_path, toke
     assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
     for n in grads[0]:
         torch.testing.assert_close(grads[0][n], grads[1][n], rtol=1e-4, atol=1e-6)
+
+
+def _bucket_cost(buckets, lengths, overhead):
+    return sum(len(b) * max(lengths[i] for i in b) + overhead for b in buckets) - overhead
+
+
+def test_length_buckets_find_the_cheapest_split():
+    """Against every split of the sorted rows into consecutive runs (brute force): the same cost, and every
+    row exactly once."""
+    import itertools
+    import random
+
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(1, 8)
+        lengths = [rng.randint(2, 40) for _ in range(n)]
+        overhead = rng.choice([0, 3, 16, 64])
+        got = length_buckets(lengths, overhead)
+        assert sorted(i for b in got for i in b) == list(range(n))
+        srt = sorted(lengths)
+        best = min(
+            sum((b - a) * srt[b - 1] + overhead for a, b in zip((0, *cuts), (*cuts, n))) - overhead
+            for k in range(n)
+            for cuts in itertools.combinations(range(1, n), k)
+        )
+        assert _bucket_cost(got, lengths, overhead) == best
+    assert length_buckets([5, 9, 7], 1000) == [[0, 2, 1]]  # one bucket when another costs too much
+    assert length_buckets([30, 3, 3, 30], 0) == [[1, 2], [0, 3]]
+
+
+def uneven_batch(tok):
+    """Two prompts (left-padded), four completions each of lengths 1 to 12 (right-padded to 12)."""
+    torch.manual_seed(2)
+    prompts, pmask, comps, cmask = [], [], [], []
+    for plen, lens in ((5, (1, 3, 12, 11)), (8, (2, 2, 7, 12))):
+        p = torch.randint(10, 400, (plen,))
+        for n in lens:
+            prompts.append(torch.cat([torch.full((8 - plen,), tok.pad_token_id), p]))
+            pmask.append(torch.tensor([0] * (8 - plen) + [1] * plen))
+            comps.append(torch.cat([torch.randint(10, 400, (n,)), torch.full((12 - n,), tok.pad_token_id)]))
+            cmask.append(torch.tensor([1] * n + [0] * (12 - n)))
+    return torch.stack(prompts), torch.stack(pmask), torch.stack(comps), torch.stack(cmask)
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_length_buckets_give_the_same_logprobs_and_gradients_on_fewer_positions(tmp_path, tokenizer, monkeypatch,
+                                                                                 recompute):
+    """Completions run in buckets cut to their longest row give the one padded pass's log-probs, entropies and
+    gradients (two accumulated micro-batches), through fewer positions; every bucket but the last folds its
+    weight gradients in through aliases."""
+    import grpo_app.trainer as T
+
+    folds = []
+    fold = T._fold_grad
+    monkeypatch.setattr(T, "_fold_grad", lambda p, a: folds.append(p) or fold(p, a))
+    pi, pm, ci, cm = uneven_batch(tokenizer)
+    ids, mask = torch.cat([pi, ci], 1), torch.cat([pm, cm], 1)
+    runs = []
+    for bucket in (True, False):
+        folds.clear()
+        model = make_tiny(tokenizer)
+        freeze_embeddings(model)
+        make_lean(model)
+        use_fast_attention(model)
+        if recompute:
+            layer_hooks(model, recompute=True, trim_every=0)
+        positions = []
+        model.model.embed_tokens.register_forward_hook(lambda m, a, out, positions=positions: positions.append(a[0].numel()))
+        tr = make_trainer(tmp_path / str(bucket), model, tokenizer, bucket_lengths=bucket, bucket_overhead=0)
+        lps, ents = [], []
+        for half in (slice(0, 4), slice(4, 8)):
+            lp, ent, _ = tr._get_per_token_logps_and_entropies(model, ids[half], mask[half], ci.size(1),
+                                                               compute_entropy=True)
+            (lp * cm[half]).sum().backward()
+            lps.append(lp.detach() * cm[half])
+            ents.append(ent.detach() * cm[half])
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        runs.append((torch.cat(lps), torch.cat(ents), grads, sum(positions), len(positions), len(folds)))
+        restore_forward(model)
+    (lp1, ent1, g1, pos1, calls1, folds1), (lp0, ent0, g0, pos0, calls0, folds0) = runs
+    torch.testing.assert_close(lp1, lp0, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ent1, ent0, rtol=1e-5, atol=1e-6)
+    assert g1.keys() == g0.keys() and len(g0) > 10
+    for n in g0:
+        torch.testing.assert_close(g1[n], g0[n], rtol=1e-4, atol=1e-6)
+    # Unbucketed: one prompt pass and one suffix pass of 4 x 13 positions per micro-batch. Bucketed with no
+    # overhead, lengths 2,4,13,12 and 3,3,8,13 (last prompt token included) run as 2|4|12|13 and 3,3|8|13.
+    assert calls0 == 4 and calls1 == 2 + 7
+    pos_prompts = pos0 - 2 * 4 * 13
+    assert pos1 - pos_prompts == (2 + 4 + 12 + 13) + (2 * 3 + 8 + 13)
+    # All buckets but each micro-batch's last run on aliases: every trainable weight folded 3 + 2 times more.
+    trainable = sum(1 for p in model.parameters() if p.requires_grad)
+    assert folds1 - folds0 == (3 + 2) * trainable
 
 
 def test_replay_safe_cache_layers_return_the_same_keys_when_called_twice():
