@@ -1,0 +1,138 @@
+"""The training pass with and without length buckets, on a real run's completions.
+
+TRL pads every completion of a generation batch to the longest one; the engine's training pass can run a
+micro-batch's completions in buckets of similar length instead, each cut to its longest row
+(`EngineOptions.bucket_lengths`, trainer departure 3). How much that saves depends on how the lengths
+spread, so this bench replays the groups a real run sampled (its `steps.jsonl`: questions, completions,
+advantages) through the engine's own loss and backward on the embedded model, exactly as its training pass
+would see them: the zero-advantage rows skipped, every completion padded to its step's longest, one
+micro-batch per `micro_batch_size` rows in order (a setting may change it: with buckets, larger micro-batches
+have fewer forwards and less padding). No optimizer step, so every setting sees the same weights.
+The settings take turns on every step (a slow minute of the host hits them all alike); the JSON gives
+each one's total seconds and positions run, and the ratio to the unbucketed pass.
+
+    python bench/bucket_lengths.py --run models/runs/RUN --settings off,0,16,32,64,64@32 --out assets/bucket_lengths.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+from datasets import Dataset  # noqa: E402
+
+from bench.common import emit  # noqa: E402
+from grpo_app.config import load_config  # noqa: E402
+from grpo_app.engine import grpo_args, prepare_model  # noqa: E402
+from grpo_app.prompts import prompt_ids  # noqa: E402
+from grpo_app.rewards import build_rewards  # noqa: E402
+from grpo_app.trainer import CurriculumGRPOTrainer, EngineOptions, restore_forward  # noqa: E402
+
+
+def step_rows(steps_file: Path, tok, system_prompt: str, every: int) -> list[list[tuple]]:
+    """Each replayed step's rows as the training pass gets them: (prompt ids, completion ids, advantage)."""
+    steps = []
+    for line in steps_file.read_text().splitlines()[::every]:
+        rows = []
+        for g in json.loads(line)["groups"]:
+            p = prompt_ids(tok, g["question"], system_prompt)
+            for text, adv in zip(g["completions"], g["advantages"]):
+                rows.append((p, tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id], adv))
+        steps.append(rows)
+    return steps
+
+
+def micro_batches(rows: list[tuple], micro: int, pad: int) -> list[dict]:
+    """One step's micro-batches of `micro` rows in order, zero-advantage rows out, every completion padded to the
+    step's longest (as TRL pads the generation batch) and every prompt left-padded to the longest."""
+    width = max(len(c) for _, c, _ in rows)
+    plen = max(len(p) for p, _, _ in rows)
+    num_items = torch.tensor(float(sum(len(c) for _, c, _ in rows)))
+    out = []
+    for start in range(0, len(rows), micro):
+        part = [r for r in rows[start : start + micro] if r[2] != 0]
+        if part:
+            out.append({
+                "prompt_ids": torch.tensor([[pad] * (plen - len(p)) + p for p, _, _ in part]),
+                "prompt_mask": torch.tensor([[0] * (plen - len(p)) + [1] * len(p) for p, _, _ in part]),
+                "completion_ids": torch.tensor([c + [pad] * (width - len(c)) for _, c, _ in part]),
+                "completion_mask": torch.tensor([[1] * len(c) + [0] * (width - len(c)) for _, c, _ in part]),
+                "advantages": torch.tensor([a for _, _, a in part], dtype=torch.float32),
+                "num_items_in_batch": num_items,
+            })
+    return out
+
+
+def parse_setting(text: str, default_micro: int) -> tuple[bool, int, int]:
+    """'off' | 'OVERHEAD' | either with '@MICRO' -> (bucket_lengths, bucket_overhead, micro-batch size)."""
+    head, _, micro = text.partition("@")
+    micro = int(micro) if micro else default_micro
+    return (False, 0, micro) if head == "off" else (True, int(head), micro)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--run", required=True, help="a run folder with steps.jsonl")
+    ap.add_argument("--config", default="classroom", help="preset whose model settings and prompt to use")
+    ap.add_argument("--settings", default="off,0,16,32,64",
+                    help="comma-separated: 'off' = one padded pass, a number = bucket_overhead; '@N' after either "
+                         "sets the micro-batch size (default: the preset's)")
+    ap.add_argument("--every", type=int, default=1, help="replay every k-th step of the run (1 = all)")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    cfg = load_config(a.config)
+    run = Path(a.run)
+    settings = a.settings.split(",")
+    model, tok, _ = prepare_model(cfg)
+    steps = step_rows(run / "steps.jsonl", tok, cfg.data.system_prompt, a.every)
+    funcs, _ = build_rewards(cfg.rewards.weights)
+    ds = Dataset.from_list([{"prompt": [{"role": "user", "content": "1+1?"}], "answer": "2"}] * 8)
+    trainers, micro_of = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for s in settings:
+            bucket, overhead, micro = parse_setting(s, cfg.micro_batch)
+            scfg = copy.deepcopy(cfg)
+            scfg.grpo.micro_batch_size = micro
+            restore_forward(model)
+            tr = CurriculumGRPOTrainer(model=model, processing_class=tok, reward_funcs=funcs,
+                                       args=grpo_args(scfg, 0, Path(tmp) / s, "cpu"), train_dataset=ds,
+                                       engine_options=EngineOptions(bucket_lengths=bucket, bucket_overhead=overhead))
+            tr.model.train()
+            tr.current_gradient_accumulation_steps = tr.args.gradient_accumulation_steps  # set by train() normally
+            trainers[s], micro_of[s] = tr, micro
+        seconds = dict.fromkeys(settings, 0.0)
+        positions = dict.fromkeys(settings, 0)
+        for i, rows in enumerate(steps):
+            for s in settings[i % len(settings):] + settings[: i % len(settings)]:  # take turns
+                seen: list[int] = []
+                hook = model.model.embed_tokens.register_forward_hook(
+                    lambda m, args, o, seen=seen: seen.append(args[0].numel()))
+                mbs = micro_batches(rows, micro_of[s], tok.pad_token_id)
+                t0 = time.perf_counter()
+                for mb in mbs:
+                    trainers[s]._compute_loss(model, mb).backward()
+                seconds[s] += time.perf_counter() - t0
+                hook.remove()
+                positions[s] += sum(seen)
+                model.zero_grad(set_to_none=True)
+    base = settings[0]
+    res = {
+        "run": str(run), "config": a.config, "every": a.every, "steps_replayed": len(steps),
+        "threads": torch.get_num_threads(),
+        "settings": {s: {"seconds": round(seconds[s], 2), "positions": positions[s],
+                         "time_vs_" + base: round(seconds[s] / seconds[base], 3),
+                         "positions_vs_" + base: round(positions[s] / positions[base], 3)} for s in settings},
+    }
+    emit(res, a.out)
+
+
+if __name__ == "__main__":
+    main()
