@@ -41,6 +41,8 @@ Each setup runs in its own subprocess (so peak RSS, read with getrusage, is its 
              (assets/step_speed_top_layers_matched.json). Recompute changes only memory and time, never
              the gradients (tests/test_lean.py), so it learns as engine_top does.
 * engine_full - the engine training every weight, the tied embedding too.
+* engine_mb16 - the engine with micro-batches of 16 instead of 8: with length buckets a larger micro-batch
+             runs fewer, larger forwards with less padding (bench/bucket_lengths.py); tuned TRL keeps 8.
 * engine_padded - the engine with `grpo.bucket_lengths=false`: every completion of a micro-batch padded to
              the step's longest in the training pass, as TRL does and as the engine did before 2026-11-25.
 
@@ -380,6 +382,8 @@ def main() -> None:
                                                              "grpo.gradient_checkpointing=false"])
         elif a.child == "engine_full":  # every weight trained, the tied embedding too
             r = bench_engine(a.steps, a.prompts_per_step, ["model.train_embeddings=true"])
+        elif a.child == "engine_mb16":  # micro-batches of 16: fewer, larger bucketed forwards
+            r = bench_engine(a.steps, a.prompts_per_step, ["grpo.micro_batch_size=16"])
         elif a.child == "engine_padded":  # no length buckets: the training pass pads to the step's longest
             r = bench_engine(a.steps, a.prompts_per_step, ["grpo.bucket_lengths=false"])
         print(json.dumps(r))
@@ -402,8 +406,8 @@ def main() -> None:
         res["generation"] = _child("gen", ["--gflops", str(gemm["gflops_peak"])])
     if "monitor" in only:
         res["monitor"] = _child("monitor", [])
-    for mode in ("trl", "trl_tuned", "engine", "engine_padded", "engine_matched", "engine_top", "engine_top_matched",
-                 "engine_full"):
+    for mode in ("trl", "trl_tuned", "engine", "engine_mb16", "engine_padded", "engine_matched", "engine_top",
+                 "engine_top_matched", "engine_full"):
         if mode in only:
             res[mode] = _child(mode, common)
             print(f"# {mode}: {json.dumps(res[mode])}", file=sys.stderr, flush=True)
@@ -411,6 +415,7 @@ def main() -> None:
         res["speedup_completions_per_s"] = round(res["engine"]["completions_per_s"] / res["trl"]["completions_per_s"], 2)
         res["speedup_tokens_per_s"] = round(res["engine"]["tokens_per_s"] / res["trl"]["tokens_per_s"], 2)
     for eng, key in (("engine", "speedup_vs_tuned_trl"), ("engine_padded", "speedup_padded_vs_tuned_trl"),
+                     ("engine_mb16", "speedup_mb16_vs_tuned_trl"),
                      ("engine_matched", "speedup_matched_vs_tuned_trl"),
                      ("engine_top", "speedup_top_layers_vs_tuned_trl"),
                      ("engine_top_matched", "speedup_top_layers_matched_vs_tuned_trl")):
