@@ -192,3 +192,20 @@ def test_format_rate_bench_on_the_tiny_model(tmp_path):
     assert "'#### <number>'" in r["variants"]["hint"]["after_question"]
     assert all(v["answers"] == 6 and 0 <= v["soft_format"] <= 1 for v in r["variants"].values())
     assert r["samples_per_step"] == 8  # the tiny preset's G = 4 x 2 prompts
+
+
+def test_bucket_lengths_bench_rebuilds_the_training_pass_micro_batches():
+    """bench/bucket_lengths.py replays a step as the training pass gets it: micro-batches of the given size in
+    order, zero-advantage rows out, completions right-padded to the step's longest (TRL's padding), prompts
+    left-padded, and the dapo normalizer counting the whole step's completion tokens."""
+    from bench.bucket_lengths import micro_batches, parse_setting
+
+    rows = [([1, 2], [5, 6, 7], 0.5), ([1, 2, 3], [5], 0.0), ([4], [5, 6, 7, 8, 9], -0.5), ([4], [5, 6], 0.0)]
+    mbs = micro_batches(rows, 2, pad=0)
+    assert len(mbs) == 2 and [mb["advantages"].tolist() for mb in mbs] == [[0.5], [-0.5]]
+    assert mbs[0]["completion_ids"].tolist() == [[5, 6, 7, 0, 0]]  # padded to the step's longest (5)
+    assert mbs[0]["completion_mask"].tolist() == [[1, 1, 1, 0, 0]]
+    assert mbs[1]["prompt_ids"].tolist() == [[0, 0, 4]] and mbs[1]["prompt_mask"].tolist() == [[0, 0, 1]]
+    assert all(mb["num_items_in_batch"].item() == 3 + 1 + 5 + 2 for mb in mbs)
+    assert len(micro_batches(rows[1:2] + rows[3:], 2, pad=0)) == 0  # nothing to train on: no micro-batch
+    assert parse_setting("off", 8) == (False, 0, 8) and parse_setting("64@32", 8) == (True, 64, 32)

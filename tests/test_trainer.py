@@ -130,26 +130,39 @@ def test_layer_recompute_drops_a_cache_that_is_not_replay_safe(tokenizer):
         torch.testing.assert_close(results[1][1][n], g, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("recompute", [False, True])
-def test_prompt_pass_gradients_are_folded_in_as_they_are_produced(tmp_path, tokenizer, monkeypatch, recompute):
-    """Two accumulated micro-batches through the shared-prefix path give TRL's gradients, and the prompt pass's
-    contribution reaches each weight through its alias (folded once per micro-batch), so autograd never
-    buffers a second set of weight gradients."""
+def counted_folds(monkeypatch) -> list:
+    """The parameters whose alias gradient trainer._fold_grad folds in, one entry per fold, from now on."""
     import grpo_app.trainer as T
 
     folds = []
     fold = T._fold_grad
     monkeypatch.setattr(T, "_fold_grad", lambda p, a: folds.append(p) or fold(p, a))
+    return folds
+
+
+def lean_tiny(tokenizer, recompute: bool):
+    """A tiny model set up as the engine trains it: frozen embeddings, lean MLP/norm, fast attention, and
+    layer recompute if asked."""
+    model = make_tiny(tokenizer)
+    freeze_embeddings(model)
+    make_lean(model)
+    use_fast_attention(model)
+    if recompute:
+        layer_hooks(model, recompute=True, trim_every=0)
+    return model
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_prompt_pass_gradients_are_folded_in_as_they_are_produced(tmp_path, tokenizer, monkeypatch, recompute):
+    """Two accumulated micro-batches through the shared-prefix path give TRL's gradients, and the prompt pass's
+    contribution reaches each weight through its alias (folded once per micro-batch), so autograd never
+    buffers a second set of weight gradients."""
+    folds = counted_folds(monkeypatch)
     pi, pm, ci, cm = batch(tokenizer)
     ids, mask = torch.cat([pi, ci], 1), torch.cat([pm, cm], 1)
     grads = []
     for share in (True, False):
-        model = make_tiny(tokenizer)
-        freeze_embeddings(model)
-        make_lean(model)
-        use_fast_attention(model)
-        if recompute:
-            layer_hooks(model, recompute=True, trim_every=0)
+        model = lean_tiny(tokenizer, recompute)
         tr = make_trainer(tmp_path / str(share), model, tokenizer, share_prompt_prefix=share)
         for half in (slice(0, 3), slice(3, 6)):  # one group per micro-batch, gradients accumulate
             lp, _, _ = tr._get_per_token_logps_and_entropies(model, ids[half], mask[half], ci.size(1))
@@ -218,22 +231,13 @@ def test_length_buckets_give_the_same_logprobs_and_gradients_on_fewer_positions(
     """Completions run in buckets cut to their longest row give the one padded pass's log-probs, entropies and
     gradients (two accumulated micro-batches), through fewer positions; every bucket but the last folds its
     weight gradients in through aliases."""
-    import grpo_app.trainer as T
-
-    folds = []
-    fold = T._fold_grad
-    monkeypatch.setattr(T, "_fold_grad", lambda p, a: folds.append(p) or fold(p, a))
+    folds = counted_folds(monkeypatch)
     pi, pm, ci, cm = uneven_batch(tokenizer)
     ids, mask = torch.cat([pi, ci], 1), torch.cat([pm, cm], 1)
     runs = []
     for bucket in (True, False):
         folds.clear()
-        model = make_tiny(tokenizer)
-        freeze_embeddings(model)
-        make_lean(model)
-        use_fast_attention(model)
-        if recompute:
-            layer_hooks(model, recompute=True, trim_every=0)
+        model = lean_tiny(tokenizer, recompute)
         positions = []
         model.model.embed_tokens.register_forward_hook(lambda m, a, out, positions=positions: positions.append(a[0].numel()))
         tr = make_trainer(tmp_path / str(bucket), model, tokenizer, bucket_lengths=bucket, bucket_overhead=0)
