@@ -516,23 +516,18 @@ class CurriculumGRPOTrainer(GRPOTrainer):
         else:
             buckets = [list(range(suffix.size(0)))]
         width = suffix.size(1)
-        logps, ents, rows_in_order = [], [], []
+        logps, ents = [], []
         for i, rows in enumerate(buckets):
             w = max(lengths[r] for r in rows) if self.opts.bucket_lengths else width
-            idx = torch.tensor(rows, device=suffix.device) if len(buckets) > 1 else None
-
-            def pick(t, idx=idx):
-                return t if idx is None else t.index_select(0, idx)
-
-            cache_b = _layer_cache(
-                [PrefixLayer(la.keys.index_select(0, pick(inverse)), la.values.index_select(0, pick(inverse)))
-                 for la in cache.layers]
-            )
+            idx = torch.tensor(rows, device=suffix.device)
+            pre = inverse.index_select(0, idx)
             call = {
-                "input_ids": pick(suffix)[:, :w],
-                "attention_mask": pick(attention_mask)[:, : cut + w],
-                "past_key_values": cache_b,
-                "labels": pick(labels)[:, :w],
+                "input_ids": suffix.index_select(0, idx)[:, :w],
+                "attention_mask": attention_mask.index_select(0, idx)[:, : cut + w],
+                "past_key_values": _layer_cache(
+                    [PrefixLayer(la.keys.index_select(0, pre), la.values.index_select(0, pre)) for la in cache.layers]
+                ),
+                "labels": labels.index_select(0, idx)[:, :w],
                 "fused_lm_head": True,
             }
             with self.accelerator.autocast():
@@ -546,10 +541,7 @@ class CurriculumGRPOTrainer(GRPOTrainer):
             logps.append(torch.nn.functional.pad(out.log_probs, (0, width - w)))
             if compute_entropy:
                 ents.append(torch.nn.functional.pad(out.entropy, (0, width - w)))
-            rows_in_order.extend(rows)
-        if len(buckets) == 1:
-            return logps[0], (ents[0] if compute_entropy else None)
-        back = torch.argsort(torch.tensor(rows_in_order, device=suffix.device))
+        back = torch.argsort(torch.tensor([r for rows in buckets for r in rows], device=suffix.device))
         return torch.cat(logps).index_select(0, back), (torch.cat(ents).index_select(0, back) if compute_entropy else None)
 
     # ---- 4 and 5. loss ------------------------------------------------------------------------------
