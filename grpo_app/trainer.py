@@ -145,17 +145,25 @@ class PromptRecordLayer(DynamicLayer):
 
 class PrefixLayer(DynamicLayer):
     """KV layer holding a fixed prefix: `update` returns prefix + the new keys/values without storing them,
-    so a second call with the same input gives the same result."""
+    so a second call with the same input gives the same result.
+
+    With `rows`, `keys`/`values` hold each distinct prompt once and row b continues prompt rows[b]: the
+    rows' copies are made inside `update`, so they live only while the layer runs (and again in its
+    recompute) instead of for the whole forward and backward: for 8 completions after a 160-token prompt
+    that is ~60 MB of SmolLM2 keys/values no longer held across the 30 layers."""
 
     replay_safe = True
 
-    def __init__(self, keys, values):
+    def __init__(self, keys, values, rows: torch.Tensor | None = None):
         super().__init__()
         self.dtype, self.device = keys.dtype, keys.device
-        self.keys, self.values, self.is_initialized = keys, values, True
+        self.keys, self.values, self.rows, self.is_initialized = keys, values, rows, True
 
     def update(self, key_states, value_states, *args, **kwargs):
-        return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
+        keys, values = self.keys, self.values
+        if self.rows is not None:
+            keys, values = keys.index_select(0, self.rows), values.index_select(0, self.rows)
+        return torch.cat([keys, key_states], dim=-2), torch.cat([values, value_states], dim=-2)
 
 
 def length_buckets(lengths: list[int], overhead: int) -> list[list[int]]:
@@ -524,9 +532,7 @@ class CurriculumGRPOTrainer(GRPOTrainer):
             call = {
                 "input_ids": suffix.index_select(0, idx)[:, :w],
                 "attention_mask": attention_mask.index_select(0, idx)[:, : cut + w],
-                "past_key_values": _layer_cache(
-                    [PrefixLayer(la.keys.index_select(0, pre), la.values.index_select(0, pre)) for la in cache.layers]
-                ),
+                "past_key_values": _layer_cache([PrefixLayer(la.keys, la.values, pre) for la in cache.layers]),
                 "labels": labels.index_select(0, idx)[:, :w],
                 "fused_lm_head": True,
             }

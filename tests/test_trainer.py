@@ -107,6 +107,30 @@ def test_layer_recompute_keeps_the_shared_prefix_and_gives_the_same_gradients(tm
     assert saved1 < saved0 / 3, (saved1, saved0)
 
 
+@pytest.mark.parametrize("recompute", [False, True])
+def test_shared_prefix_gradients_equal_trl_and_each_prompt_is_held_once(tmp_path, tokenizer, monkeypatch, recompute):
+    """The gradients of the shared-prefix pass are TRL's (its plain path: every row runs its own prompt); the
+    completions' cache layers hold each distinct prompt's keys/values once (two prompts for six rows)."""
+    import grpo_app.trainer as T
+
+    held = []
+
+    class Recording(T.PrefixLayer):
+        def __init__(self, keys, values, rows=None):
+            held.append((keys.size(0), None if rows is None else sorted(rows.tolist())))
+            super().__init__(keys, values, rows)
+
+    monkeypatch.setattr(T, "PrefixLayer", Recording)
+    lp0, g0, _ = _logps_grads_saved(tmp_path / "a", tokenizer, recompute=recompute, share=False)
+    assert not held
+    lp1, g1, _ = _logps_grads_saved(tmp_path / "b", tokenizer, recompute=recompute)
+    assert held and all(h == (2, [0, 0, 0, 1, 1, 1]) for h in held), held
+    torch.testing.assert_close(lp1, lp0, rtol=1e-4, atol=1e-5)
+    assert g0.keys() == g1.keys() and len(g0) > 10
+    for n in g0:
+        torch.testing.assert_close(g1[n], g0[n], rtol=1e-4, atol=1e-5)
+
+
 def test_layer_recompute_drops_a_cache_that_is_not_replay_safe(tokenizer):
     """A growing cache (HF's DynamicCache) would get each recomputed layer's keys appended a second time in
     backward; such a cache is dropped for the training forward, as HF's checkpointing does."""
@@ -280,6 +304,26 @@ def test_replay_safe_cache_layers_return_the_same_keys_when_called_twice():
     a, b = pre.update(nk, nv), pre.update(nk, nv)
     assert a[0].shape == (3, 2, 7, 4) and a[0].equal(b[0]) and a[1].equal(b[1])
     assert pre.get_seq_length() == 5 and pre.get_mask_sizes(2) == (7, 0)
+
+
+def test_prefix_layer_with_rows_copies_each_prompt_per_row_inside_update():
+    """Two distinct prompts held once, three rows continuing them: the same keys/values (and gradients back to
+    the prompts') as a layer holding the rows' copies, and the same result on a second call (recompute)."""
+    from grpo_app.trainer import PrefixLayer
+
+    k, v = torch.randn(2, 2, 5, 4, requires_grad=True), torch.randn(2, 2, 5, 4, requires_grad=True)
+    rows = torch.tensor([1, 0, 1])
+    nk, nv = torch.randn(3, 2, 2, 4), torch.randn(3, 2, 2, 4)
+    held = PrefixLayer(k, v, rows)
+    copied = PrefixLayer(k.index_select(0, rows), v.index_select(0, rows))
+    a, b, again = held.update(nk, nv), copied.update(nk, nv), held.update(nk, nv)
+    assert a[0].shape == (3, 2, 7, 4) and a[0].equal(b[0]) and a[1].equal(b[1]) and a[0].equal(again[0])
+    assert a[0][0, :, :5].equal(k[1].detach()) and a[0][1, :, :5].equal(k[0].detach())
+    w = torch.randn(3, 2, 7, 4)
+    ga = torch.autograd.grad(((a[0] + a[1]) * w).sum(), (k, v))
+    gb = torch.autograd.grad(((b[0] + b[1]) * w).sum(), (k, v))
+    assert all(x.equal(y) for x, y in zip(ga, gb))
+    assert held.get_seq_length() == 5 and held.get_mask_sizes(2) == (7, 0)
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "bnpo", "dr_grpo"])
