@@ -114,7 +114,7 @@ def test_cpu_attention_keeps_kv_heads_unrepeated_with_same_gradients(tokenizer, 
     assert repeated not in shapes_ours  # ... this keeps them as they are
 
 
-def test_layer_hooks_trim_the_heap_as_backward_reaches_every_kth_layer(tokenizer, monkeypatch):
+def test_layer_hooks_trim_the_heap_as_backward_reaches_every_kth_layer_and_the_top_one(tokenizer, monkeypatch):
     import grpo_app.lean as lean
 
     model = make_tiny(tokenizer)  # 2 layers: indices 0 and 1
@@ -130,11 +130,18 @@ def test_layer_hooks_trim_the_heap_as_backward_reaches_every_kth_layer(tokenizer
     model(input_ids=ids).logits.sum().backward()
     assert calls == []  # no gradients or not training: nothing registered
     model.train()
-    model(input_ids=ids).logits.sum().backward()
-    assert len(calls) == 2
-    other = make_tiny(tokenizer)
-    assert lean.layer_hooks(other, recompute=False, trim_every=2) == 1  # layer 0 only; layer 1 left alone
+    loss = model(input_ids=ids).logits.sum()
+    assert calls == []  # nothing in the forward
+    loss.backward()
+    assert len(calls) == 2  # as backward reaches each layer
+    # Every 2nd layer of 4 (0 and 2), and the top one (3), the first that backward reaches; layer 1 left alone.
+    other = make_tiny(tokenizer, layers=4)
+    assert lean.layer_hooks(other, recompute=False, trim_every=2) == 3
     assert "forward" not in other.model.layers[1].__dict__
+    calls.clear()
+    other.train()
+    other(input_ids=ids).logits.sum().backward()
+    assert len(calls) == 3
     assert lean.layer_hooks(make_tiny(tokenizer), recompute=False, trim_every=0) == 0
 
 
@@ -154,6 +161,52 @@ def test_layer_recompute_keeps_only_layer_inputs_with_the_same_gradients(tokeniz
     assert saved[1] < saved[0] / 3, saved
     for k in grads[0]:
         torch.testing.assert_close(grads[1][k], grads[0][k], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("order", ["lean_first", "hooks_first"])
+def test_layer_recompute_does_not_redo_the_mlp_down_projection(tokenizer, order):
+    """Under layer recompute the lean MLP runs its down projection outside its own function, so torch's
+    checkpoint stops each layer's recompute before it: one matrix multiply fewer per layer in backward than the
+    whole-MLP function (same gradients), and the same bytes kept. Without recompute the whole-MLP function
+    stays (the split would keep silu(g) * u too)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountMM(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.__name__.split(".")[0] in ("mm", "addmm", "bmm"):
+                self.n += 1
+            return func(*args, **(kwargs or {}))
+
+    ids = torch.randint(10, 400, (2, 9))
+    runs = []
+    for split in (True, False):
+        model = make_tiny(tokenizer)
+        if order == "lean_first":
+            make_lean(model)
+            layer_hooks(model, recompute=True, trim_every=0)
+        else:
+            layer_hooks(model, recompute=True, trim_every=0)
+            make_lean(model)
+        mlps = [layer.mlp for layer in model.model.layers]
+        assert all(m._grpo_split_down for m in mlps)
+        for m in mlps:
+            m._grpo_split_down = split
+        model.train()
+        n, loss = saved_bytes(model, ids)
+        with CountMM() as count:
+            loss.backward()
+        runs.append((count.n, n, {k: p.grad for k, p in model.named_parameters()}))
+    (mm_split, saved_split, g_split), (mm_whole, saved_whole, g_whole) = runs
+    assert mm_whole - mm_split == model.config.num_hidden_layers, (mm_split, mm_whole)
+    assert saved_split == saved_whole
+    for k in g_whole:
+        torch.testing.assert_close(g_split[k], g_whole[k], rtol=1e-5, atol=1e-7)
+    plain = make_tiny(tokenizer)
+    make_lean(plain)
+    layer_hooks(plain, recompute=False, trim_every=1)
+    assert not any(layer.mlp._grpo_split_down for layer in plain.model.layers)
 
 
 def test_trainable_layers_train_the_top_ones_and_backward_stops_at_the_lowest(tokenizer):
