@@ -9,9 +9,11 @@ would see them: the zero-advantage rows skipped, every completion padded to its 
 micro-batch per `micro_batch_size` rows in order (a setting may change it: with buckets, larger micro-batches
 have fewer forwards and less padding). No optimizer step, so every setting sees the same weights.
 The settings take turns on every step (a slow minute of the host hits them all alike); the JSON gives
-each one's total seconds and positions run, and the ratio to the unbucketed pass.
+each one's total seconds and positions run, and the ratio to the first setting. A setting ending in
+'/whole' has the layer recompute redo each MLP's down projection, as before 2026-11-26 (`lean._GateUpFunction`).
 
     python bench/bucket_lengths.py --run models/runs/RUN --settings off,0,16,32,64,64@32 --out assets/bucket_lengths.json
+    python bench/bucket_lengths.py --run models/runs/RUN --settings 64,64/whole --out assets/recompute_split.json
 """
 
 from __future__ import annotations
@@ -71,11 +73,14 @@ def micro_batches(rows: list[tuple], micro: int, pad: int) -> list[dict]:
     return out
 
 
-def parse_setting(text: str, default_micro: int) -> tuple[bool, int, int]:
-    """'off' | 'OVERHEAD' | either with '@MICRO' -> (bucket_lengths, bucket_overhead, micro-batch size)."""
+def parse_setting(text: str, default_micro: int) -> tuple[bool, int, int, bool]:
+    """'off' | 'OVERHEAD' | either with '@MICRO' and/or '/whole' -> (bucket_lengths, bucket_overhead, micro-batch
+    size, split MLP). '/whole': the recompute redoes each MLP's down projection, as it did before 2026-11-26
+    (lean's whole-MLP function instead of the split one, `lean._GateUpFunction`)."""
+    text, whole, _ = text.partition("/whole")
     head, _, micro = text.partition("@")
     micro = int(micro) if micro else default_micro
-    return (False, 0, micro) if head == "off" else (True, int(head), micro)
+    return (False, 0, micro, not whole) if head == "off" else (True, int(head), micro, not whole)
 
 
 def main() -> None:
@@ -95,10 +100,11 @@ def main() -> None:
     steps = step_rows(run / "steps.jsonl", tok, cfg.data.system_prompt, a.every)
     funcs, _ = build_rewards(cfg.rewards.weights)
     ds = Dataset.from_list([{"prompt": [{"role": "user", "content": "1+1?"}], "answer": "2"}] * 8)
-    trainers, micro_of = {}, {}
+    trainers, micro_of, split_of = {}, {}, {}
+    mlps = [m for m in model.modules() if hasattr(m, "_grpo_split_down")]
     with tempfile.TemporaryDirectory() as tmp:
         for s in settings:
-            bucket, overhead, micro = parse_setting(s, cfg.micro_batch)
+            bucket, overhead, micro, split_of[s] = parse_setting(s, cfg.micro_batch)
             scfg = copy.deepcopy(cfg)
             scfg.grpo.micro_batch_size = micro
             restore_forward(model)
@@ -115,6 +121,8 @@ def main() -> None:
                 seen: list[int] = []
                 hook = model.model.embed_tokens.register_forward_hook(
                     lambda m, args, o, seen=seen: seen.append(args[0].numel()))
+                for m in mlps:
+                    m._grpo_split_down = split_of[s] and cfg.grpo.gradient_checkpointing
                 mbs = micro_batches(rows, micro_of[s], tok.pad_token_id)
                 t0 = time.perf_counter()
                 for mb in mbs:
