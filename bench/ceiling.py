@@ -91,10 +91,11 @@ def main() -> None:
         n=len(picked),
         seed=a.seed,
         max_new_tokens=a.max_new_tokens,
-        batch_size=a.batch_size,
+        batch_size=min(a.batch_size, 256),
         pass_k=a.k,
         pass_temperature=a.temperature,
     ).validate()
+    settings.batch_size = a.batch_size  # may exceed the app's 256 (e.g. 1024 on a GPU)
 
     def progress(done: int, total: int) -> None:
         print(f"# {done}/{total} problems", file=sys.stderr, flush=True)

@@ -210,3 +210,50 @@ def test_bucket_lengths_bench_rebuilds_the_training_pass_micro_batches():
     assert len(micro_batches(rows[1:2] + rows[3:], 2, pad=0)) == 0  # nothing to train on: no micro-batch
     assert parse_setting("off", 8) == (False, 0, 8, True) and parse_setting("64@32", 8) == (True, 64, 32, True)
     assert parse_setting("64/whole", 8) == (True, 64, 8, False) and parse_setting("off@16/whole", 8) == (False, 0, 16, False)
+
+
+def _gsm8k_rows(n: int) -> list[str]:
+    return [json.dumps({"question": f"Tom has {i} apples and buys 2 more. How many now?",
+                        "answer": f"{i} + 2 = <<{i}+2={i + 2}>>{i + 2}\n#### {i + 2}"}) for i in range(n)]
+
+
+def test_gsm8k_solvable_keeps_the_mixed_problems_and_writes_only_their_rows(tmp_path):
+    from bench.gsm8k_solvable import teachable, write_gsm8k_folder
+
+    recs = [{"id": f"gsm8k-train-{i}", "correct": c} for i, c in enumerate((0, 1, 16, 7, 0, 15))]
+    assert [r["id"] for r in teachable(recs, 16)] == ["gsm8k-train-1", "gsm8k-train-3", "gsm8k-train-5"]
+    src = tmp_path / "src"
+    src.mkdir()
+    rows = _gsm8k_rows(6)
+    (src / "train.jsonl").write_text("\n".join(rows[:3]) + "\n\n" + "\n".join(rows[3:]))  # a blank line is skipped
+    (src / "test.jsonl").write_text("test rows\n")
+    dst = tmp_path / "dst"
+    assert write_gsm8k_folder(dst, src, {"gsm8k-train-1", "gsm8k-train-5"}) == 2
+    assert (dst / "train.jsonl").read_text().splitlines() == [rows[1], rows[5]]  # row numbers as the loader counts them
+    assert (dst / "test.jsonl").read_text() == "test rows\n"
+
+
+def test_gsm8k_solvable_bench_trains_and_pairs_on_the_tiny_model(tmp_path):
+    data = tmp_path / "gsm8k"
+    data.mkdir()
+    (data / "train.jsonl").write_text("\n".join(_gsm8k_rows(12)) + "\n")
+    (data / "test.jsonl").write_text("\n".join(_gsm8k_rows(20)[12:]) + "\n")
+    out = tmp_path / "s.json"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", GRPO_APP_GSM8K_DIR=str(data), GRPO_APP_RUNS_DIR=str(tmp_path / "runs"))
+    p = subprocess.run(
+        [sys.executable, "bench/gsm8k_solvable.py", "--model", "tiny-random", "--no-filter", "--pool", "6", "--k", "2",
+         "--max-new-tokens", "8", "--group", "2", "--prompts", "2", "--micro-batch", "4", "--steps", "2",
+         "--test-k", "2", "--batch", "8", "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["ceiling"]["problems"] == 6 and len(r["ceiling"]["records"]) == 6
+    assert r["train"]["status"] == "completed" and r["train"]["steps"] == 2 and r["train"]["teachable_rows"] == 6
+    assert r["train"]["weights"].endswith("final") and str(tmp_path / "runs") in r["train"]["run"]
+    assert r["train"]["grpo"]["num_generations"] == 2 and r["train"]["grpo"]["prompts_per_step"] == 2
+    t = r["test"]
+    assert t["n"] == 8 and t["base"]["n"] == 8 and t["trained"]["n"] == 8
+    pf = t["paired"]["flexible"]
+    assert pf["n"] == 8 and pf["only_base"] + pf["only_trained"] + pf["both"] + pf["neither"] == 8
+    assert set(r["test_pass_k"]) == {"trained", "base"} and len(r["test_pass_k"]["base"]["correct"]) == 8
