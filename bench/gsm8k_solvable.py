@@ -14,11 +14,13 @@ CPU's, and this bench does not claim one.
 
 Phases, each with its own clock, the JSON rewritten after each (a run cut short keeps what it measured):
 
-1. ceiling: pass@k of the base on the train pool (stops at --ceiling-seconds with the problems done);
+1. ceiling: pass@k of the base on the train pool (stops at --ceiling-seconds with the problems done), or
+   the ceiling of an earlier run's JSON (--ceiling-from: the same teachable problems, no sampling);
 2. train: a GSM8K folder whose train.jsonl holds only the teachable problems (the real test.jsonl beside
    it) and one stage on it, G = --group; stopped at --train-seconds (the app's stop: a checkpoint of the
    last whole step), or when its --steps are done;
-3. while it trains (another process), the base's greedy answers to the test problems;
+3. the base's greedy answers to the test problems: on a GPU while it trains (another process), on a CPU
+   after it (--base-while-training), so the training's step times are its own;
 4. the trained model's greedy answers to the same problems; exact McNemar on flexible accuracy, strict
    accuracy and format, accuracy by difficulty (GSM8K's calculation steps);
 5. if --test-k and time is left before --deadline-seconds: pass@k on the test problems, base and trained.
@@ -54,6 +56,20 @@ def log(msg: str) -> None:
 def teachable(records: list[dict], k: int) -> list[dict]:
     """Problems a group can learn from: at least one right and one wrong answer among the k samples."""
     return [r for r in records if 0 < r["correct"] < k]
+
+
+def reused_ceiling(path: Path, train_ids: set[str]) -> dict:
+    """The ceiling a previous run of this bench measured (its JSON), checked against today's train split."""
+    try:
+        ceil = json.loads(path.read_text())["ceiling"]
+        recs, k = ceil["records"], int(ceil["k"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"--ceiling-from {path}: not a JSON written by this bench ({e})") from None
+    missing = [r["id"] for r in recs if r["id"] not in train_ids]
+    if missing:
+        raise SystemExit(f"--ceiling-from {path}: {len(missing)} problems are not in this GSM8K train split "
+                         f"(e.g. {missing[0]}); use the same train.jsonl")
+    return {"from": str(path), "problems": len(recs), "k": k, "teachable": len(teachable(recs, k)), "records": recs}
 
 
 def write_gsm8k_folder(folder: Path, source: Path, keep_ids: set[str]) -> int:
@@ -173,6 +189,11 @@ def by_difficulty(records: list[dict]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--no-filter", action="store_true", help="the control: train on the whole pool, not the teachable part")
+    ap.add_argument("--ceiling-from", default="", metavar="JSON",
+                    help="reuse the ceiling (and so the teachable problems) of an earlier run's JSON: no sampling")
+    ap.add_argument("--base-while-training", choices=["auto", "yes", "no"], default="auto",
+                    help="score the base on test while the training runs (auto: on a GPU only; on a CPU it "
+                         "would share the cores and slow the steps being timed)")
     ap.add_argument("--pool", type=int, default=512, help="train problems sampled for the ceiling (seeded)")
     ap.add_argument("--k", type=int, default=16, help="sampled answers per train problem")
     ap.add_argument("--temperature", type=float, default=0.8, help="the stage's sampling temperature")
@@ -234,42 +255,50 @@ def main() -> None:
             Path(a.out).parent.mkdir(parents=True, exist_ok=True)
             Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
 
-    # 1. ceiling on the train pool
-    model, tok, _ = load_for_eval(a.model)
-    log(f"model loaded in {time.time() - t_start:.0f}s on {next(model.parameters()).device}")
-    t0 = time.time()
-    ceil = sample_pass_k(
-        model, tok, pool, settings(pass_k=a.k, pass_temperature=a.temperature),
-        progress=lambda d, n: log(f"ceiling {d}/{n} problems, {time.time() - t0:.0f}s"),
-        should_stop=lambda: time.time() - t0 > a.ceiling_seconds,
+    # 1. ceiling on the train pool (or the one a previous run of this bench measured)
+    if a.ceiling_from:
+        result["ceiling"] = reused_ceiling(Path(a.ceiling_from), {p.id for p in train_probs})
+        recs, k_used = result["ceiling"]["records"], result["ceiling"]["k"]
+        log(f"ceiling from {a.ceiling_from}: {len(recs)} problems, {result['ceiling']['teachable']} teachable")
+    else:
+        model, tok, _ = load_for_eval(a.model)
+        log(f"model loaded in {time.time() - t_start:.0f}s on {next(model.parameters()).device}")
+        t0 = time.time()
+        ceil = sample_pass_k(
+            model, tok, pool, settings(pass_k=a.k, pass_temperature=a.temperature),
+            progress=lambda d, n: log(f"ceiling {d}/{n} problems, {time.time() - t0:.0f}s"),
+            should_stop=lambda: time.time() - t0 > a.ceiling_seconds,
+        )
+        recs, k_used = ceil["records"], a.k
+        result["ceiling"] = {
+            "problems": len(recs),
+            "of_pool": len(pool),
+            "k": a.k,
+            "temperature": a.temperature,
+            "seconds": round(ceil["seconds"], 1),
+            "pass": {str(k): round(p, 4) for k, p in zip(ceil["curve"]["k"], ceil["curve"]["pass"])
+                     if k in (1, 2, 4, 8, 16, 32, 64) or k == a.k},
+            "pass_ci_at_k": ceil["curve"]["ci"][-1],
+            "any_correct": sum(r["correct"] > 0 for r in recs),
+            "teachable": len(teachable(recs, a.k)),
+            "success_counts": {str(c): sum(r["correct"] == c for r in recs) for c in range(a.k + 1)},
+            "by_difficulty": {
+                d: {"n": len(v), "any_correct": sum(r["correct"] > 0 for r in v),
+                    f"pass@{a.k}": round(pass_k_curve([r["correct"] for r in v], a.k)["pass"][-1], 4)}
+                for d, v in sorted(by_difficulty(recs).items())
+            },
+            "records": recs,
+        }
+        log(f"ceiling: {len(recs)} problems, {result['ceiling']['any_correct']} solved at least once, "
+            f"{result['ceiling']['teachable']} teachable, pass@1 {result['ceiling']['pass']['1']:.3f}")
+        del model
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    keep = recs if a.no_filter else teachable(recs, k_used)
+    result["ceiling"]["trained_on"] = (
+        "every problem of the pool sampled (control)" if a.no_filter else "the teachable problems"
     )
-    recs = ceil["records"]
-    keep = recs if a.no_filter else teachable(recs, a.k)
-    result["ceiling"] = {
-        "problems": len(recs),
-        "of_pool": len(pool),
-        "k": a.k,
-        "temperature": a.temperature,
-        "seconds": round(ceil["seconds"], 1),
-        "pass": {str(k): round(p, 4) for k, p in zip(ceil["curve"]["k"], ceil["curve"]["pass"]) if k in (1, 2, 4, 8, 16, 32, 64) or k == a.k},
-        "pass_ci_at_k": ceil["curve"]["ci"][-1],
-        "any_correct": sum(r["correct"] > 0 for r in recs),
-        "teachable": len(teachable(recs, a.k)),
-        "trained_on": "every problem of the pool sampled (control)" if a.no_filter else "the teachable problems",
-        "success_counts": {str(c): sum(r["correct"] == c for r in recs) for c in range(a.k + 1)},
-        "by_difficulty": {
-            d: {"n": len(v), "any_correct": sum(r["correct"] > 0 for r in v),
-                f"pass@{a.k}": round(pass_k_curve([r["correct"] for r in v], a.k)["pass"][-1], 4)}
-            for d, v in sorted(by_difficulty(recs).items())
-        },
-        "records": recs,
-    }
     save()
-    log(f"ceiling: {len(recs)} problems, {result['ceiling']['any_correct']} solved at least once, "
-        f"{result['ceiling']['teachable']} teachable, pass@1 {result['ceiling']['pass']['1']:.3f}")
-    del model
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
     if len(keep) < 2:
         result["verdict"] = "fewer than 2 problems to train on"
         save()
@@ -288,8 +317,9 @@ def main() -> None:
         log(f"base on test: {res['summary']['accuracy']:.4f} ({res['summary']['seconds']:.0f}s)")
         return res
 
-    tr = train(cfg, a.train_seconds, runs_root(cfg.run.output_dir), while_training=base_eval)
-    base = tr.pop("side")
+    side = a.base_while_training == "yes" or (a.base_while_training == "auto" and torch.cuda.is_available())
+    tr = train(cfg, a.train_seconds, runs_root(cfg.run.output_dir), while_training=base_eval if side else None)
+    base = tr.pop("side") if side else base_eval()
     result["train"] = {**tr, "teachable_rows": n_rows, "grpo": {
         k: getattr(cfg.grpo, k) for k in ("num_generations", "prompts_per_step", "micro_batch_size",
                                            "max_completion_length", "temperature", "learning_rate",

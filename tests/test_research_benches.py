@@ -257,3 +257,29 @@ def test_gsm8k_solvable_bench_trains_and_pairs_on_the_tiny_model(tmp_path):
     pf = t["paired"]["flexible"]
     assert pf["n"] == 8 and pf["only_base"] + pf["only_trained"] + pf["both"] + pf["neither"] == 8
     assert set(r["test_pass_k"]) == {"trained", "base"} and len(r["test_pass_k"]["base"]["correct"]) == 8
+    # the same training again from that ceiling, without sampling it again
+    p = subprocess.run(
+        [sys.executable, "bench/gsm8k_solvable.py", "--model", "tiny-random", "--no-filter", "--ceiling-from", str(out),
+         "--max-new-tokens", "8", "--group", "2", "--prompts", "2", "--micro-batch", "4", "--steps", "1",
+         "--batch", "8", "--out", str(tmp_path / "again.json")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    again = json.loads((tmp_path / "again.json").read_text())
+    assert again["ceiling"]["from"] == str(out) and again["ceiling"]["records"] == r["ceiling"]["records"]
+    assert again["train"]["teachable_rows"] == 6 and again["train"]["steps"] == 1 and again["test"]["n"] == 8
+
+
+def test_gsm8k_solvable_reuses_a_saved_ceiling_and_refuses_a_foreign_one(tmp_path):
+    from bench.gsm8k_solvable import reused_ceiling
+
+    saved = tmp_path / "run.json"
+    recs = [{"id": "gsm8k-train-0", "correct": 1}, {"id": "gsm8k-train-2", "correct": 0}]
+    saved.write_text(json.dumps({"ceiling": {"k": 4, "records": recs}}))
+    c = reused_ceiling(saved, {"gsm8k-train-0", "gsm8k-train-1", "gsm8k-train-2"})
+    assert c["records"] == recs and c["k"] == 4 and c["teachable"] == 1 and c["from"] == str(saved)
+    with pytest.raises(SystemExit, match="1 problems are not in this GSM8K train split"):
+        reused_ceiling(saved, {"gsm8k-train-0"})
+    (tmp_path / "other.json").write_text("{}")
+    with pytest.raises(SystemExit, match="not a JSON written by this bench"):
+        reused_ceiling(tmp_path / "other.json", set())
