@@ -319,7 +319,7 @@ def main() -> None:
 
     side = a.base_while_training == "yes" or (a.base_while_training == "auto" and torch.cuda.is_available())
     tr = train(cfg, a.train_seconds, runs_root(cfg.run.output_dir), while_training=base_eval if side else None)
-    base = tr.pop("side") if side else base_eval()
+    base = tr.pop("side") if side else (tr.pop("side"), base_eval())[1]
     result["train"] = {**tr, "teachable_rows": n_rows, "grpo": {
         k: getattr(cfg.grpo, k) for k in ("num_generations", "prompts_per_step", "micro_batch_size",
                                            "max_completion_length", "temperature", "learning_rate",
