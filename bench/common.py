@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -23,3 +25,15 @@ def emit(res: dict, out: str | None) -> None:
     print(text)
     if out:
         Path(out).write_text(text + "\n")
+
+
+def machine() -> dict:
+    """The machine a result was measured on: processor, cores, torch, and the GPU if one is visible."""
+    import torch
+
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import shutil
 import sys
@@ -46,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("GRPO_APP_GSM8K_DIR", str(ROOT.parent / "shared" / "data" / "gsm8k"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from bench.common import emit  # noqa: E402
+from bench.common import emit, machine  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -239,14 +238,8 @@ def main() -> None:
     pool = random.Random(a.seed).sample(train_probs, min(a.pool, len(train_probs)))
     result: dict = {
         "source": origin,
-        "machine": {
-            "cpu": platform.processor() or platform.machine(),
-            "cores": os.cpu_count(),
-            "torch": torch.__version__,
-            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        },
+        "machine": machine(),
         "args": vars(a),
-        "phases": {},
     }
 
     def save() -> None:

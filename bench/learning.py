@@ -24,7 +24,6 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -177,6 +176,7 @@ def markdown(result: dict) -> str:
 
 
 def main() -> None:
+    from bench.common import machine
     from grpo_app.config import load_config
     from grpo_app.evaluation import CompareSpec, EvalSettings, gsm8k_test_leak, paired, training_questions
     from grpo_app.runs import RunDir, runs_root
@@ -218,8 +218,6 @@ def main() -> None:
         EvalSettings(batch_size=a.eval_batch).validate()
     except ValueError as e:
         ap.error(f"--eval-batch {a.eval_batch}: {e}")
-
-    import torch
 
     cfg = load_config(a.config, a.set)
     root = runs_root(cfg.run.output_dir)
@@ -271,12 +269,7 @@ def main() -> None:
     result: dict = {
         "config": a.config,
         "overrides": a.set,
-        "machine": {
-            "cpu": platform.processor() or platform.machine(),
-            "cores": os.cpu_count(),
-            "torch": torch.__version__,
-            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        },
+        "machine": machine(),
         "models": list(models),
         "runs": trained,
         "eval": {},
