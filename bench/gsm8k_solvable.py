@@ -316,7 +316,7 @@ def main() -> None:
     result["train"] = {**tr, "teachable_rows": n_rows, "grpo": {
         k: getattr(cfg.grpo, k) for k in ("num_generations", "prompts_per_step", "micro_batch_size",
                                            "max_completion_length", "temperature", "learning_rate",
-                                           "loss_type", "scale_rewards")}}
+                                           "loss_type", "scale_rewards", "beta")}}
     save()
     if not tr["weights"]:
         result["verdict"] = f"training left no weights ({tr['status']}: {tr['error']})"
