@@ -44,6 +44,15 @@ def signal_share(c: int, k: int, g: int) -> float:
     return 1.0 - (comb(k - c, g) + comb(c, g)) / total
 
 
+def by_difficulty(records: list[dict]) -> dict[str, list[dict]]:
+    """Records grouped by GSM8K difficulty (calculation steps), 5 and more together as '5+'."""
+    out: dict[str, list[dict]] = {}
+    for r in records:
+        d = r["difficulty"]
+        out.setdefault(str(d if d <= 4 else "5+"), []).append(r)
+    return out
+
+
 def summarize(records: list[dict], k: int, seed: int) -> dict:
     from grpo_app.evaluation import pass_k_curve
 
@@ -102,10 +111,6 @@ def main() -> None:
 
     res = sample_pass_k(model, tok, picked, settings, progress=progress)
     recs = res["records"]
-    by_d: dict[str, list[dict]] = {}
-    for r in recs:
-        d = r["difficulty"]
-        by_d.setdefault(str(d if d <= 4 else "5+"), []).append(r)
     result = {
         "split": a.split,
         "origin": origin,
@@ -117,7 +122,7 @@ def main() -> None:
         "machine": {"cores": os.cpu_count(), "torch": torch.__version__},
         "seconds": round(res["seconds"], 1),
         "all": summarize(recs, a.k, a.seed),
-        "by_difficulty": {d: summarize(v, a.k, a.seed) for d, v in sorted(by_d.items())},
+        "by_difficulty": {d: summarize(v, a.k, a.seed) for d, v in sorted(by_difficulty(recs).items())},
         "records": recs,
     }
     emit(result, a.out)

@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("GRPO_APP_GSM8K_DIR", str(ROOT.parent / "shared" / "data" / "gsm8k"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from bench.ceiling import by_difficulty  # noqa: E402
 from bench.common import emit, machine  # noqa: E402
 
 
@@ -177,14 +178,6 @@ def load_trained(base: str, weights: str):
     return model, tok
 
 
-def by_difficulty(records: list[dict]) -> dict:
-    out: dict[str, list] = {}
-    for r in records:
-        d = r["difficulty"]
-        out.setdefault(str(d if d <= 4 else "5+"), []).append(r)
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--no-filter", action="store_true", help="the control: train on the whole pool, not the teachable part")
@@ -312,7 +305,8 @@ def main() -> None:
 
     side = a.base_while_training == "yes" or (a.base_while_training == "auto" and torch.cuda.is_available())
     tr = train(cfg, a.train_seconds, runs_root(cfg.run.output_dir), while_training=base_eval if side else None)
-    base = tr.pop("side") if side else (tr.pop("side"), base_eval())[1]
+    scored_beside = tr.pop("side")
+    base = scored_beside if side else base_eval()
     result["train"] = {**tr, "teachable_rows": n_rows, "grpo": {
         k: getattr(cfg.grpo, k) for k in ("num_generations", "prompts_per_step", "micro_batch_size",
                                            "max_completion_length", "temperature", "learning_rate",
