@@ -209,6 +209,10 @@ def main() -> None:
     a = ap.parse_args()
     if a.pool < 1 or not 2 <= a.k <= 64:
         ap.error("--pool must be at least 1 and --k between 2 and 64")
+    if a.group < 2 or a.prompts < 1 or a.micro_batch < 1 or a.batch < 1 or a.steps < 1:
+        ap.error("--group must be at least 2, and --prompts, --micro-batch, --batch and --steps at least 1")
+    if a.ceiling_from and not Path(a.ceiling_from).is_file():
+        ap.error(f"--ceiling-from {a.ceiling_from}: no such file")
     t_start = time.time()
 
     import torch

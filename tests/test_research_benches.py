@@ -284,3 +284,14 @@ def test_gsm8k_solvable_reuses_a_saved_ceiling_and_refuses_a_foreign_one(tmp_pat
     (tmp_path / "other.json").write_text("{}")
     with pytest.raises(SystemExit, match="not a JSON written by this bench"):
         reused_ceiling(tmp_path / "other.json", set())
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--micro-batch", "0"], "--micro-batch"),
+    (["--group", "1"], "--group must be at least 2"),
+    (["--ceiling-from", "no/such.json"], "no such file"),
+])
+def test_gsm8k_solvable_refuses_bad_arguments_with_a_message(args, says):
+    p = subprocess.run([sys.executable, "bench/gsm8k_solvable.py", *args], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2 and says in p.stderr and "Traceback" not in p.stderr
