@@ -192,6 +192,54 @@ class DataConfig:
         return e
 
 
+# ---- A stage's own list of problems (stage.problem_ids) -------------------------------------------
+PROBLEM_ID_RE = re.compile(r"gsm8k-train-\d+")
+MAX_PROBLEM_IDS = 100_000
+
+
+def problem_ids_path(value: str) -> Path:
+    """Where a stage's `problem_ids` file is: the path as given (absolute, or from the working folder),
+    else the same name in configs/ (so a preset can name a list that sits beside it)."""
+    p = Path(value).expanduser()
+    if p.is_absolute() or p.is_file():
+        return p
+    beside = CONFIG_DIR / p
+    return beside if beside.is_file() else p
+
+
+def read_problem_ids(value: str) -> list[str]:
+    """The GSM8K train ids a `problem_ids` file lists, in file order. One id per line
+    ('gsm8k-train-<row>'); blank lines and lines starting with '#' are skipped. Raises ConfigError naming
+    the first bad line (a wrong id, a repeat) or the missing file."""
+    path = problem_ids_path(value)
+    try:
+        if path.stat().st_size > 4 * MAX_PROBLEM_IDS * 20:
+            raise ConfigError([("problem_ids", f"{_show(value)} is too large for a list of problem ids.")])
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        why = "no such file" if isinstance(e, FileNotFoundError) else type(e).__name__
+        raise ConfigError([("problem_ids", f"{_show(value)} cannot be read ({why}); name a text file of ids, "
+                                           "one per line, e.g. configs/gsm8k_teachable.txt.")]) from None
+    ids: list[str] = []
+    seen: set[str] = set()
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if not PROBLEM_ID_RE.fullmatch(line):
+            raise ConfigError([("problem_ids", f"{path.name} line {n}: {_show(line[:40])} is not a GSM8K train id "
+                                               "like gsm8k-train-123 (the row, counted from 0).")])
+        if line in seen:
+            raise ConfigError([("problem_ids", f"{path.name} line {n}: {line} is listed twice.")])
+        seen.add(line)
+        ids.append(line)
+    if not ids:
+        raise ConfigError([("problem_ids", f"{path.name} lists no problem ids.")])
+    if len(ids) > MAX_PROBLEM_IDS:
+        raise ConfigError([("problem_ids", f"{path.name} lists {len(ids)} ids; at most {MAX_PROBLEM_IDS}.")])
+    return ids
+
+
 @dataclass
 class StageConfig:
     name: str = _f("stage", "Short name shown on charts.")
@@ -208,6 +256,14 @@ class StageConfig:
     operators: str = _f("+-", "arithmetic only: operators to use, from '+-*/'.")
     negation: bool = _f(
         False, "arithmetic only: also negated operands and parentheses, e.g. '-17 + (3 - -5)' (much harder)."
+    )
+    problem_ids: str = _f(
+        "",
+        "gsm8k only: a file listing the GSM8K train problems this stage trains on, one id per line "
+        "('gsm8k-train-<row>', the row of openai/gsm8k's train split counted from 0; '#' starts a comment line), "
+        "instead of a draw by difficulty. A relative path is read from the working folder, else from configs/. "
+        "E.g. gsm8k_teachable.txt: the 122 train problems the embedded model answered right in 1 to 15 of 16 "
+        "samples (bench/gsm8k_solvable.py). Scoring still uses the test split. Empty = draw by difficulty.",
     )
 
     def check(self, cfg: Config, check_paths: bool = True) -> list[tuple[str, str]]:
@@ -231,6 +287,15 @@ class StageConfig:
                 e.append(("max_digits", "must be 1..6."))
             if not self.operators or any(c not in "+-*/" for c in self.operators):
                 e.append(("operators", f"{_show(self.operators)} must use only the characters + - * /."))
+        if self.problem_ids:
+            if self.source != "gsm8k":
+                e.append(("problem_ids", f"lists GSM8K problems but the source is {_show(self.source)}; "
+                                         "set source: gsm8k or clear problem_ids."))
+            elif check_paths:
+                try:
+                    read_problem_ids(self.problem_ids)
+                except ConfigError as err:
+                    e.extend(err.errors)
         pps = cfg.grpo.prompts_per_step
         if self.num_problems < pps:
             e.append(("num_problems", f"({self.num_problems}) is smaller than grpo.prompts_per_step ({pps}); raise it."))

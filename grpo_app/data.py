@@ -23,6 +23,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from .answers import extract_final_answer, normalize_number
+from .config import ConfigError, problem_ids_path, read_problem_ids
 from .prompts import build_messages
 
 
@@ -357,6 +358,26 @@ def _sample(probs: list[Problem], n: int, seed: int) -> list[Problem]:
     return random.Random(seed).sample(probs, n)
 
 
+def _listed_pool(stage, probs: list[Problem], origin: str, n: int, seed: int) -> StagePool:
+    """The GSM8K train problems a stage's `problem_ids` file names (at most `n` of them, drawn with `seed`).
+    Every id must be in this copy of the train split: a list made on openai/gsm8k's row order means
+    nothing on another file, so a mismatch is an error, not a silent smaller pool."""
+    try:
+        ids = read_problem_ids(stage.problem_ids)
+    except ConfigError as e:
+        raise DataError(f"stage '{stage.name}': {e.errors[0][1]}") from None
+    by_id = {p.id: p for p in probs}
+    missing = [i for i in ids if i not in by_id]
+    name = problem_ids_path(stage.problem_ids).name
+    if missing:
+        raise DataError(
+            f"stage '{stage.name}': {len(missing)} of the {len(ids)} problems in {name} are not in GSM8K train "
+            f"({origin}), e.g. {missing[0]}; the list counts rows of openai/gsm8k's train split from 0."
+        )
+    sel = _sample([by_id[i] for i in ids], n, seed)
+    return StagePool(sel, f"GSM8K train ({origin}), {len(sel)} of the {len(ids)} problems listed in {name}", "gsm8k")
+
+
 def stage_pool(stage, data_cfg, seed: int, split: str = "train") -> StagePool:
     """The problems a stage trains on (split='train') or is evaluated on (split='test', see heldout_pool)."""
     lo, hi, n = stage.min_difficulty, stage.max_difficulty, stage.num_problems
@@ -368,6 +389,9 @@ def stage_pool(stage, data_cfg, seed: int, split: str = "train") -> StagePool:
         except DataError as e:
             source, note = "gsm_symbolic", f"GSM8K unavailable ({e}); using reasoning-gym gsm_symbolic instead"
         else:
+            listed = getattr(stage, "problem_ids", "")
+            if listed and split == "train":
+                return _listed_pool(stage, probs, origin, n, seed)
             sel = _filter_difficulty(probs, lo, hi)
             if len(sel) < min(n, 8):
                 raise DataError(

@@ -214,3 +214,74 @@ def test_csv_that_the_csv_module_refuses_is_a_clear_error():
     big = b"question,answer\nq?," + b"9" * 200_000 + b"\n"  # over csv's field size limit
     with pytest.raises(DataError, match="row .*not readable as CSV"):
         parse_custom_dataset(big, "d.csv")
+
+
+# ---- a stage's own list of GSM8K train problems (stage.problem_ids) -----------------------------
+def _ids_file(tmp_path, *lines):
+    path = tmp_path / "ids.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_a_stage_trains_on_the_listed_problems_in_file_order(tmp_path):
+    ids = _ids_file(tmp_path, "# a comment", "gsm8k-train-5", "", "gsm8k-train-0", "gsm8k-train-17")
+    stage = StageConfig(name="listed", source="gsm8k", min_difficulty=0, max_difficulty=99, num_problems=8,
+                        problem_ids=ids)
+    pool = stage_pool(stage, DataConfig(), seed=0)
+    train, _ = load_gsm8k("train", DataConfig())
+    assert [p.id for p in pool.problems] == ["gsm8k-train-5", "gsm8k-train-0", "gsm8k-train-17"]
+    assert [p.question for p in pool.problems] == [train[5].question, train[0].question, train[17].question]
+    assert pool.source == "gsm8k" and "ids.txt" in pool.origin
+    # scoring still uses the test split: the list names train rows only
+    held = heldout_pool(stage, DataConfig(), n=10, seed=0)
+    assert len(held.problems) == 10 and all(p.id.startswith("gsm8k-test-") for p in held.problems)
+
+
+def test_a_list_that_does_not_match_the_train_split_is_an_error(tmp_path):
+    ids = _ids_file(tmp_path, "gsm8k-train-3", "gsm8k-train-999999")
+    stage = StageConfig(name="listed", source="gsm8k", num_problems=8, problem_ids=ids)
+    with pytest.raises(DataError, match=r"1 of the 2 problems in ids.txt are not in GSM8K train .*gsm8k-train-999999"):
+        stage_pool(stage, DataConfig(), seed=0)
+
+
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        (("gsm8k-train-1", "gsm8k-test-2"), "line 2: 'gsm8k-test-2' is not a GSM8K train id"),
+        (("gsm8k-train-1", "gsm8k-train-1"), "line 2: gsm8k-train-1 is listed twice"),
+        (("# only a comment",), "lists no problem ids"),
+    ],
+)
+def test_a_bad_problem_list_is_refused_by_the_config_check(tmp_path, lines, message):
+    from grpo_app.config import ConfigError, load_config
+
+    ids = _ids_file(tmp_path, *lines)
+    with pytest.raises(ConfigError, match=message):
+        load_config("tests/configs/tiny.yaml", ["stages[0].source=gsm8k", f"stages[0].problem_ids={ids}"])
+
+
+def test_a_problem_list_needs_a_gsm8k_stage_and_a_file(tmp_path):
+    from grpo_app.config import ConfigError, load_config
+
+    ids = _ids_file(tmp_path, "gsm8k-train-1")
+    with pytest.raises(ConfigError, match="lists GSM8K problems but the source is 'arithmetic'"):
+        load_config("tests/configs/tiny.yaml", [f"stages[0].problem_ids={ids}"])
+    with pytest.raises(ConfigError, match="cannot be read .no such file."):
+        load_config("tests/configs/tiny.yaml", ["stages[0].source=gsm8k", f"stages[0].problem_ids={tmp_path}/none.txt"])
+
+
+def test_the_gsm8k_preset_trains_on_the_teachable_problems_the_ceiling_found():
+    """configs/gsm8k.yaml names configs/gsm8k_teachable.txt (found beside the presets): exactly the train
+    problems that bench/gsm8k_solvable.py's recorded ceiling found teachable (1..k-1 right of k)."""
+    import json
+
+    from grpo_app.config import PROJECT_ROOT, load_config, read_problem_ids
+
+    cfg = load_config("gsm8k")
+    (stage,) = cfg.stages
+    ids = read_problem_ids(stage.problem_ids)
+    ceiling = json.loads((PROJECT_ROOT / "assets" / "gsm8k_solvable_gpu.json").read_text())["ceiling"]
+    teachable = {r["id"] for r in ceiling["records"] if 0 < r["correct"] < ceiling["k"]}
+    assert set(ids) == teachable and len(ids) == stage.num_problems == 122
+    pool = stage_pool(stage, cfg.data, seed=cfg.data.seed)
+    assert sorted(p.id for p in pool.problems) == sorted(ids)
