@@ -25,7 +25,8 @@ def test_the_documented_presets_exist():
 def test_every_preset_validates(name):
     cfg = load_config(name)
     assert cfg.stages and all(s.steps > 0 for s in cfg.stages)
-    assert cfg.ewc.enabled  # every preset demonstrates the Fisher penalty
+    if len(cfg.stages) > 1:  # every curriculum demonstrates the Fisher penalty (one stage has nothing to protect)
+        assert cfg.ewc.enabled
     assert cfg.model.dtype in ("auto", "float32")  # no bf16 default: it is ~28x slower on CPUs without bf16
 
 
