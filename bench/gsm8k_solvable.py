@@ -23,9 +23,16 @@ Phases, each with its own clock, the JSON rewritten after each (a run cut short 
    after it (--base-while-training), so the training's step times are its own;
 4. the trained model's greedy answers to the same problems; exact McNemar on flexible accuracy, strict
    accuracy and format, accuracy by difficulty (GSM8K's calculation steps);
-5. if --test-k and time is left before --deadline-seconds: pass@k on the test problems, base and trained.
+5. if --test-k and time is left before --deadline-seconds: pass@k on the test problems, base and trained;
+6. if --dev-n: the same greedy comparison on a *dev* set, --dev-n seeded GSM8K train problems outside the
+   ceiling's pool (never sampled, never trained on). Screens compare variants here, not on test.
 
-Nothing is selected on the test split: the pool, the filter and every setting come from train.
+--weights DIR skips phases 1-3's sampling and training: it scores an earlier run's trained model (a final
+folder or a checkpoint) against the base; with --skip-test, on the dev set alone.
+
+Nothing is selected on the test split: the pool, the filter and every setting come from train. Choosing
+between variants by their test scores would be (docs/experiments.md says where that happened once):
+choose by the dev set.
 """
 
 from __future__ import annotations
@@ -88,6 +95,13 @@ def write_gsm8k_folder(folder: Path, source: Path, keep_ids: set[str]) -> int:
             row += 1
     shutil.copyfile(source / "test.jsonl", folder / "test.jsonl")
     return n
+
+
+def dev_problems(train_probs: list, used_ids: set[str], n: int, seed: int) -> list:
+    """`n` GSM8K train problems outside `used_ids` (the ceiling's pool), drawn with a seed of their own: a
+    held-out part of train to choose between variants on, so the test split is only ever reported."""
+    rest = [p for p in train_probs if p.id not in used_ids]
+    return random.Random(seed + 1_000_003).sample(rest, min(n, len(rest)))
 
 
 def stage_config(a, folder: Path, n_problems: int):
@@ -202,6 +216,11 @@ def main() -> None:
     ap.add_argument("--test-n", type=int, default=0, help="test problems (0 = all 1319)")
     ap.add_argument("--test-k", type=int, default=0, help="pass@k samples on test for both models (0 = skip)")
     ap.add_argument("--batch", type=int, default=256, help="answers per sampler batch when scoring")
+    ap.add_argument("--dev-n", type=int, default=0,
+                    help="also score base and trained on this many train problems outside the ceiling's pool (0 = skip)")
+    ap.add_argument("--weights", default="", metavar="DIR",
+                    help="score this trained model (a run's final folder or checkpoint) instead of training one")
+    ap.add_argument("--skip-test", action="store_true", help="with --weights: score on the dev set only")
     ap.add_argument("--model", default="embedded")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--run-name", default="gsm8k-teachable")
@@ -213,6 +232,12 @@ def main() -> None:
         ap.error("--group must be at least 2, and --prompts, --micro-batch, --batch and --steps at least 1")
     if a.ceiling_from and not Path(a.ceiling_from).is_file():
         ap.error(f"--ceiling-from {a.ceiling_from}: no such file")
+    if a.weights and not any((Path(a.weights) / f).is_file() for f in ("model.safetensors", "adapter_model.safetensors")):
+        ap.error(f"--weights {a.weights}: no trained weights there (name a run's final folder or a checkpoint)")
+    if a.weights and not a.ceiling_from:
+        ap.error("--weights needs --ceiling-from: that run's pool is kept out of the dev set")
+    if a.dev_n < 0 or (a.skip_test and not (a.weights and a.dev_n)):
+        ap.error("--dev-n must be 0 or more, and --skip-test needs --weights and --dev-n")
     t_start = time.time()
 
     import torch
@@ -289,62 +314,88 @@ def main() -> None:
         "every problem of the pool sampled (control)" if a.no_filter else "the teachable problems"
     )
     save()
-    if len(keep) < 2:
+    if len(keep) < 2 and not a.weights:
         result["verdict"] = "fewer than 2 problems to train on"
         save()
         emit(result, None)
         return
 
-    # 2-3. train on the teachable problems; score the base on test meanwhile
-    tmp = Path(tempfile.mkdtemp(prefix="gsm8k-teachable-"))
-    n_rows = write_gsm8k_folder(tmp, source, {r["id"] for r in keep})
-    cfg = stage_config(a, tmp, n_rows)
+    # 2-3. train on the teachable problems (or take --weights); score the base on test meanwhile
     test_settings = settings()
+    dev = dev_problems(train_probs, {r["id"] for r in recs}, a.dev_n, a.seed) if a.dev_n else []
 
     def base_eval():
+        if a.skip_test:
+            return None
         m, t, _ = load_for_eval(a.model)
         res = evaluate(m, t, test_probs, test_settings)
         log(f"base on test: {res['summary']['accuracy']:.4f} ({res['summary']['seconds']:.0f}s)")
         return res
 
-    side = a.base_while_training == "yes" or (a.base_while_training == "auto" and torch.cuda.is_available())
-    tr = train(cfg, a.train_seconds, runs_root(cfg.run.output_dir), while_training=base_eval if side else None)
-    scored_beside = tr.pop("side")
-    base = scored_beside if side else base_eval()
-    result["train"] = {**tr, "teachable_rows": n_rows, "grpo": {
-        k: getattr(cfg.grpo, k) for k in ("num_generations", "prompts_per_step", "micro_batch_size",
-                                           "max_completion_length", "temperature", "learning_rate",
-                                           "loss_type", "scale_rewards", "beta")}}
+    if a.weights:
+        base = base_eval()
+        result["train"] = {"weights": a.weights, "note": "not trained here: --weights"}
+    else:
+        tmp = Path(tempfile.mkdtemp(prefix="gsm8k-teachable-"))
+        n_rows = write_gsm8k_folder(tmp, source, {r["id"] for r in keep})
+        cfg = stage_config(a, tmp, n_rows)
+        side = a.base_while_training == "yes" or (a.base_while_training == "auto" and torch.cuda.is_available())
+        tr = train(cfg, a.train_seconds, runs_root(cfg.run.output_dir), while_training=base_eval if side else None)
+        scored_beside = tr.pop("side")
+        base = scored_beside if side else base_eval()
+        result["train"] = {**tr, "teachable_rows": n_rows, "grpo": {
+            k: getattr(cfg.grpo, k) for k in ("num_generations", "prompts_per_step", "micro_batch_size",
+                                               "max_completion_length", "temperature", "learning_rate",
+                                               "loss_type", "scale_rewards", "beta")}}
     save()
-    if not tr["weights"]:
+    if not result["train"]["weights"]:
         result["verdict"] = f"training left no weights ({tr['status']}: {tr['error']})"
         save()
         emit(result, None)
         return
 
-    # 4. the trained model on the same test problems
-    model, tok = load_trained(a.model, tr["weights"])
-    trained = evaluate(model, tok, test_probs, test_settings)
-    log(f"trained on test: {trained['summary']['accuracy']:.4f}")
-
     def brief(s: dict) -> dict:
         keys = ("n", "correct", "accuracy", "ci", "strict_accuracy", "format_rate", "mean_tokens", "by_difficulty")
         return {k: s[k] for k in keys}
 
-    result["test"] = {
-        "n": len(test_probs),
-        "base": brief(base["summary"]),
-        "trained": brief(trained["summary"]),
-        "paired": {
-            "flexible": paired(base["records"], trained["records"]),
-            "strict": paired(base["records"], trained["records"], "strict_correct"),
-            "format": paired(base["records"], trained["records"], "has_format"),
-        },
-    }
-    save()
+    def compared(probs: list, b: dict, t: dict) -> dict:
+        def cut(res: dict) -> dict:  # answers the budget cut off: their last number is rarely the answer
+            return {"cut_at_budget": round(sum(r["stop"] == "length" for r in res["records"]) / max(1, len(res["records"])), 4)}
+
+        return {
+            "n": len(probs),
+            "max_new_tokens": a.max_new_tokens,
+            "base": brief(b["summary"]) | cut(b),
+            "trained": brief(t["summary"]) | cut(t),
+            "paired": {
+                "flexible": paired(b["records"], t["records"]),
+                "strict": paired(b["records"], t["records"], "strict_correct"),
+                "format": paired(b["records"], t["records"], "has_format"),
+            },
+        }
+
+    # 4. the trained model on the same test problems
+    model, tok = load_trained(a.model, result["train"]["weights"])
+    if not a.skip_test:
+        trained = evaluate(model, tok, test_probs, test_settings)
+        log(f"trained on test: {trained['summary']['accuracy']:.4f}")
+        result["test"] = compared(test_probs, base, trained)
+        save()
+
+    # 6 (before the optional pass@k). the dev set: train problems outside the pool, base and trained
+    if dev:
+        trained_dev = evaluate(model, tok, dev, test_settings)
+        m, t, _ = load_for_eval(a.model)
+        base_dev = evaluate(m, t, dev, test_settings)
+        del m
+        result["dev"] = compared(dev, base_dev, trained_dev)
+        result["dev"]["what"] = (f"{len(dev)} GSM8K train problems outside the ceiling's {len(recs)}-problem pool "
+                                 f"(seed {a.seed}), for choosing between variants")
+        log(f"dev: base {base_dev['summary']['accuracy']:.4f}, trained {trained_dev['summary']['accuracy']:.4f}")
+        save()
 
     # 5. pass@k on test, both models, if time is left
-    if a.test_k:
+    if a.test_k and not a.skip_test:
         left = lambda: (a.deadline_seconds or 1e9) - (time.time() - t_start)  # noqa: E731
         pk: dict = {}
         for name in ("trained", "base"):

@@ -269,6 +269,34 @@ def test_gsm8k_solvable_bench_trains_and_pairs_on_the_tiny_model(tmp_path):
     again = json.loads((tmp_path / "again.json").read_text())
     assert again["ceiling"]["from"] == str(out) and again["ceiling"]["records"] == r["ceiling"]["records"]
     assert again["train"]["teachable_rows"] == 6 and again["train"]["steps"] == 1 and again["test"]["n"] == 8
+    # score-only: the first run's trained model on the dev set (train rows outside the 6-problem pool), no test
+    runs_before = sorted(d.name for d in (tmp_path / "runs").iterdir())
+    p = subprocess.run(
+        [sys.executable, "bench/gsm8k_solvable.py", "--model", "tiny-random", "--ceiling-from", str(out),
+         "--weights", r["train"]["weights"], "--dev-n", "4", "--skip-test", "--max-new-tokens", "8", "--batch", "8",
+         "--out", str(tmp_path / "dev.json")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    dev = json.loads((tmp_path / "dev.json").read_text())
+    assert "test" not in dev and "run" not in dev["train"] and dev["train"]["weights"] == r["train"]["weights"]
+    assert dev["dev"]["n"] == 4 and dev["dev"]["base"]["n"] == 4 and dev["dev"]["paired"]["flexible"]["n"] == 4
+    assert dev["dev"]["base"]["cut_at_budget"] > 0.5  # a random tiny model runs to its 8-token budget
+    assert sorted(d.name for d in (tmp_path / "runs").iterdir()) == runs_before  # nothing trained
+
+
+def test_gsm8k_solvable_dev_set_is_train_outside_the_pool_and_fixed_by_the_seed():
+    from types import SimpleNamespace
+
+    from bench.gsm8k_solvable import dev_problems
+
+    train = [SimpleNamespace(id=f"gsm8k-train-{i}") for i in range(50)]
+    used = {f"gsm8k-train-{i}" for i in range(0, 50, 2)}
+    dev = dev_problems(train, used, 10, seed=0)
+    assert len(dev) == 10 and len({p.id for p in dev}) == 10 and not {p.id for p in dev} & used
+    assert [p.id for p in dev] == [p.id for p in dev_problems(train, used, 10, seed=0)]
+    assert [p.id for p in dev] != [p.id for p in dev_problems(train, used, 10, seed=1)]
+    assert len(dev_problems(train, used, 999, seed=0)) == 25  # no more than are left
 
 
 def test_gsm8k_solvable_reuses_a_saved_ceiling_and_refuses_a_foreign_one(tmp_path):
@@ -290,8 +318,41 @@ def test_gsm8k_solvable_reuses_a_saved_ceiling_and_refuses_a_foreign_one(tmp_pat
     (["--micro-batch", "0"], "--micro-batch"),
     (["--group", "1"], "--group must be at least 2"),
     (["--ceiling-from", "no/such.json"], "no such file"),
+    (["--weights", "no/such/folder", "--ceiling-from", "assets/gsm8k_solvable_gpu.json"], "no trained weights there"),
+    (["--skip-test"], "--skip-test needs --weights and --dev-n"),
 ])
 def test_gsm8k_solvable_refuses_bad_arguments_with_a_message(args, says):
     p = subprocess.run([sys.executable, "bench/gsm8k_solvable.py", *args], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 2 and says in p.stderr and "Traceback" not in p.stderr
+
+
+def test_the_gsm8k_preset_trains_what_the_measured_cpu_run_trained():
+    """configs/gsm8k.yaml is the run in assets/gsm8k_solvable_cpu_p16.json (the bench's stage config with that
+    JSON's arguments) except where the 122 problems come from (a list instead of a filtered folder), the run's
+    name and its checkpoints. A change to either side that changes the training fails here."""
+    import argparse
+    import dataclasses
+
+    from bench.gsm8k_solvable import stage_config
+    from grpo_app.config import load_config
+
+    rec = json.loads((ROOT / "assets" / "gsm8k_solvable_cpu_p16.json").read_text())
+    measured = stage_config(argparse.Namespace(**rec["args"]), Path(os.environ["GRPO_APP_GSM8K_DIR"]),
+                            rec["train"]["teachable_rows"])
+    preset = load_config("gsm8k")
+    sides = []
+    for cfg in (measured, preset):
+        d = dataclasses.asdict(cfg)
+        for key in ("preset", "description"):
+            d.pop(key)
+        for key in ("name", "save_every"):
+            d["run"].pop(key)
+        for key in ("gsm8k", "gsm8k_dir"):
+            d["data"].pop(key)
+        d["stages"][0].pop("problem_ids")
+        assert d["model"].pop("dtype") in ("float32", "auto")  # auto is float32 on a CPU, where it was measured
+        d["ewc"] = {"enabled": d["ewc"]["enabled"]} if not d["ewc"]["enabled"] else d["ewc"]  # off: its settings are unused
+        sides.append(d)
+    assert sides[0] == sides[1]
+    assert rec["train"]["steps"] == preset.stages[0].steps == 18
