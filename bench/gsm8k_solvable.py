@@ -19,8 +19,9 @@ Phases, each with its own clock, the JSON rewritten after each (a run cut short 
 2. train: a GSM8K folder whose train.jsonl holds only the teachable problems (the real test.jsonl beside
    it) and one stage on it, G = --group; stopped at --train-seconds (the app's stop: a checkpoint of the
    last whole step), or when its --steps are done;
-3. the base's greedy answers to the test problems: on a GPU while it trains (another process), on a CPU
-   after it (--base-while-training), so the training's step times are its own;
+3. the base's greedy answers to the test problems (and the dev set of phase 6, in the same load): on a GPU
+   while it trains (another process), on a CPU after it (--base-while-training), so the training's step
+   times are its own;
 4. the trained model's greedy answers to the same problems; exact McNemar on flexible accuracy, strict
    accuracy and format, accuracy by difficulty (GSM8K's calculation steps);
 5. if --test-k and time is left before --deadline-seconds: pass@k on the test problems, base and trained;
@@ -100,8 +101,10 @@ def write_gsm8k_folder(folder: Path, source: Path, keep_ids: set[str]) -> int:
 def dev_problems(train_probs: list, used_ids: set[str], n: int, seed: int) -> list:
     """`n` GSM8K train problems outside `used_ids` (the ceiling's pool), drawn with a seed of their own: a
     held-out part of train to choose between variants on, so the test split is only ever reported."""
+    from grpo_app.data import HELDOUT_SEED_OFFSET
+
     rest = [p for p in train_probs if p.id not in used_ids]
-    return random.Random(seed + 1_000_003).sample(rest, min(n, len(rest)))
+    return random.Random(seed + HELDOUT_SEED_OFFSET).sample(rest, min(n, len(rest)))
 
 
 def stage_config(a, folder: Path, n_problems: int):
@@ -325,11 +328,13 @@ def main() -> None:
     dev = dev_problems(train_probs, {r["id"] for r in recs}, a.dev_n, a.seed) if a.dev_n else []
 
     def base_eval():
-        if a.skip_test:
-            return None
+        """The base's greedy answers to the test problems (unless --skip-test) and the dev set: one load."""
         m, t, _ = load_for_eval(a.model)
-        res = evaluate(m, t, test_probs, test_settings)
-        log(f"base on test: {res['summary']['accuracy']:.4f} ({res['summary']['seconds']:.0f}s)")
+        res = {"test": None if a.skip_test else evaluate(m, t, test_probs, test_settings),
+               "dev": evaluate(m, t, dev, test_settings) if dev else None}
+        for name, r in res.items():
+            if r is not None:
+                log(f"base on {name}: {r['summary']['accuracy']:.4f} ({r['summary']['seconds']:.0f}s)")
         return res
 
     if a.weights:
@@ -379,15 +384,13 @@ def main() -> None:
     if not a.skip_test:
         trained = evaluate(model, tok, test_probs, test_settings)
         log(f"trained on test: {trained['summary']['accuracy']:.4f}")
-        result["test"] = compared(test_probs, base, trained)
+        result["test"] = compared(test_probs, base["test"], trained)
         save()
 
     # 6 (before the optional pass@k). the dev set: train problems outside the pool, base and trained
     if dev:
         trained_dev = evaluate(model, tok, dev, test_settings)
-        m, t, _ = load_for_eval(a.model)
-        base_dev = evaluate(m, t, dev, test_settings)
-        del m
+        base_dev = base["dev"]
         result["dev"] = compared(dev, base_dev, trained_dev)
         result["dev"]["what"] = (f"{len(dev)} GSM8K train problems outside the ceiling's {len(recs)}-problem pool "
                                  f"(seed {a.seed}), for choosing between variants")
