@@ -99,7 +99,11 @@ def _scores(group: dict, name: str, n: int) -> tuple[list[float], bool]:
     if fn is None:
         raise ValueError(f"unknown reward function '{name}'.")
     comps = list(group.get("completions") or [])[:n]
-    vals = fn([""] * len(comps), comps, answer=[str(group.get("answer", ""))] * len(comps))
+    columns = {"answer": [str(group.get("answer", ""))] * len(comps)}
+    for key in ("question", "difficulty"):  # the columns a training step passed (older runs lack 'difficulty')
+        if group.get(key) is not None:
+            columns[key] = [group[key]] * len(comps)
+    vals = fn([""] * len(comps), comps, **columns)
     return [float(v) for v in vals], True
 
 

@@ -111,3 +111,64 @@ def answers_match(pred: str | None, gold: str | None) -> bool:
         return True
     fa, fb = Fraction(Decimal(a)), Fraction(Decimal(b))
     return abs(fa - fb) <= Fraction(1, 10**6) * max(1, abs(fb))
+
+
+# A written calculation: numbers joined by + - * / x × ÷, then '=' and a number ('3 * $4 = $12', '12x3=36',
+# GSM8K's '<<3*4=12>>'). No parentheses: a '(...)' calculation is not read (it pays nothing, it is not wrong).
+_CALC_NUM = r"\$?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
+_CALC_RE = re.compile(
+    rf"(?<![\w.,$])({_CALC_NUM}(?:\s*[-+*/x×÷]\s*{_CALC_NUM}){{1,7}})\s*=\s*(-?{_CALC_NUM})(?![\d])"
+)
+_CALC_SPLIT_RE = re.compile(r"\s*([-+*/x×÷])\s*")
+MAX_CALCULATIONS = 32  # read at most this many per text: a reward stays cheap on a 4,096-token ramble
+
+
+def _calc_value(expr: str) -> Fraction | None:
+    """Value of 'a op b op c ...' with * and / before + and -, exactly (Fractions); None on a division by 0
+    or a number normalize_number refuses."""
+    parts = _CALC_SPLIT_RE.split(expr.strip())
+    nums = [normalize_number(p) for p in parts[0::2]]
+    if any(n is None for n in nums):
+        return None
+    vals = [Fraction(Decimal(n)) for n in nums]
+    ops = ["*" if o in "x×" else "/" if o == "÷" else o for o in parts[1::2]]
+    terms, signs = [vals[0]], []
+    for op, v in zip(ops, vals[1:]):
+        if op in "*/":
+            if op == "/" and v == 0:
+                return None
+            terms[-1] = terms[-1] * v if op == "*" else terms[-1] / v
+        else:
+            signs.append(op)
+            terms.append(v)
+    total = terms[0]
+    for op, v in zip(signs, terms[1:]):
+        total = total + v if op == "+" else total - v
+    return total
+
+
+def written_calculations(text: str) -> list[dict]:
+    """Every calculation 'a op b ... = c' written in `text`, in order (at most MAX_CALCULATIONS):
+    its operands and result as normalized numbers, and whether the result is right (exact)."""
+    out = []
+    for m in _CALC_RE.finditer(text or ""):
+        if len(out) >= MAX_CALCULATIONS:
+            break
+        expr, result = m.group(1), normalize_number(m.group(2))
+        value = _calc_value(expr)
+        if result is None:
+            continue
+        operands = [normalize_number(p) for p in _CALC_SPLIT_RE.split(expr.strip())[0::2]]
+        out.append({
+            "text": m.group(0),
+            "operands": operands,
+            "result": result,
+            "right": value is not None and value == Fraction(Decimal(result)),
+        })
+    return out
+
+
+def question_numbers(question: str) -> set[str]:
+    """The numbers a question states, normalized ('$1,200' -> '1200')."""
+    found = (normalize_number(m.group(0)) for m in ANY_NUMBER_RE.finditer(question or ""))
+    return {n for n in found if n is not None}

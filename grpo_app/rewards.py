@@ -14,7 +14,15 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from .answers import FINAL_MARK_RE, answers_match, extract_answer, extract_final_answer, has_final_line
+from .answers import (
+    FINAL_MARK_RE,
+    answers_match,
+    extract_answer,
+    extract_final_answer,
+    has_final_line,
+    question_numbers,
+    written_calculations,
+)
 
 _MATH_VERIFY_MAX_CHARS = 200
 
@@ -112,6 +120,37 @@ def brevity(prompts, completions, **kwargs) -> list[float]:
     return out
 
 
+def arithmetic(prompts, completions, question=None, difficulty=None, **kwargs) -> list[float]:
+    """Credit for worked steps: right calculations 'a op b = c' built on the question's numbers, per step needed.
+
+    A calculation counts when its result is right and one of its operands is a number of the question or
+    the result of an earlier counted calculation (so '1 + 1 = 2' beside the problem earns nothing); each
+    distinct one counts once, and each wrong calculation takes one away. The count is divided by the steps
+    the problem needs (its difficulty: GSM8K's number of calculations; 1 if unknown) and kept in [0, 1].
+    Without a question (the Try tab's free text) any operand counts. It does not read the final answer:
+    weigh it with correctness, never alone (a page of right sums about the wrong thing would earn it)."""
+    n = len(completions)
+    questions = list(question) if question is not None else [None] * n
+    steps = list(difficulty) if difficulty is not None else [1] * n
+    out = []
+    for c, q, d in zip(completions, questions, steps):
+        known = question_numbers(q) if q is not None else None
+        counted, wrong = set(), 0
+        for calc in written_calculations(completion_text(c)):
+            if not calc["right"]:
+                wrong += 1
+                continue
+            key = (tuple(calc["operands"]), calc["result"])
+            if key in counted or (known is not None and not known & set(calc["operands"])):
+                continue
+            counted.add(key)
+            if known is not None:
+                known.add(calc["result"])
+        need = max(1, int(d or 1))
+        out.append(min(1.0, max(0.0, (len(counted) - wrong) / need)))
+    return out
+
+
 REWARD_FUNCS: dict[str, Callable[..., list[float]]] = {
     "correctness": correctness,
     "lenient_correctness": lenient_correctness,
@@ -120,6 +159,7 @@ REWARD_FUNCS: dict[str, Callable[..., list[float]]] = {
     "has_number": has_number,
     "closeness": closeness,
     "brevity": brevity,
+    "arithmetic": arithmetic,
 }
 
 
@@ -133,12 +173,20 @@ def build_rewards(weights: dict[str, float]) -> tuple[list[Callable], list[float
     return [REWARD_FUNCS[n] for n in names], [float(weights[n]) for n in names]
 
 
-def score_text(text: str, gold: str, weights: dict[str, float]) -> dict[str, float]:
-    """Every weighted reward of one completion plus 'total' (for the Try tab and the GRPO-step view)."""
+def score_text(
+    text: str, gold: str, weights: dict[str, float], question: str | None = None, difficulty: int | None = None
+) -> dict[str, float]:
+    """Every weighted reward of one completion plus 'total' (for the Try tab and the GRPO-step view).
+    `question` and `difficulty` are the columns a training step passes too (None: not known)."""
     scores = {}
     total = 0.0
+    columns = {"answer": [gold]}
+    if question is not None:
+        columns["question"] = [question]
+    if difficulty is not None:
+        columns["difficulty"] = [difficulty]
     for name, w in weights.items():
-        v = REWARD_FUNCS[name]([""], [text], answer=[gold])[0]
+        v = REWARD_FUNCS[name]([""], [text], **columns)[0]
         scores[name] = v
         total += float(w) * v
     scores["total"] = total

@@ -258,17 +258,20 @@ def test_gsm8k_solvable_bench_trains_and_pairs_on_the_tiny_model(tmp_path):
     pf = t["paired"]["flexible"]
     assert pf["n"] == 8 and pf["only_base"] + pf["only_trained"] + pf["both"] + pf["neither"] == 8
     assert set(r["test_pass_k"]) == {"trained", "base"} and len(r["test_pass_k"]["base"]["correct"]) == 8
-    # the same training again from that ceiling, without sampling it again
+    # a screen's variant: the same training again from that ceiling (no sampling), another training seed,
+    # scored on the dev set only: the test split is not read
     p = subprocess.run(
         [sys.executable, "bench/gsm8k_solvable.py", "--model", "tiny-random", "--no-filter", "--ceiling-from", str(out),
          "--max-new-tokens", "8", "--group", "2", "--prompts", "2", "--micro-batch", "4", "--steps", "1",
-         "--batch", "8", "--out", str(tmp_path / "again.json")],
+         "--seed", "1", "--dev-n", "4", "--skip-test", "--batch", "8", "--out", str(tmp_path / "again.json")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )
     assert p.returncode == 0, p.stderr[-3000:]
     again = json.loads((tmp_path / "again.json").read_text())
     assert again["ceiling"]["from"] == str(out) and again["ceiling"]["records"] == r["ceiling"]["records"]
-    assert again["train"]["teachable_rows"] == 6 and again["train"]["steps"] == 1 and again["test"]["n"] == 8
+    assert again["train"]["teachable_rows"] == 6 and again["train"]["steps"] == 1 and again["args"]["seed"] == 1
+    assert "test" not in again and "test_pass_k" not in again and again["dev"]["n"] == 4
+    assert set(again["dev"]["right"]["trained"]) <= set(again["dev"]["ids"])
     # score-only: the first run's trained model on the dev set (train rows outside the 6-problem pool), no test
     runs_before = sorted(d.name for d in (tmp_path / "runs").iterdir())
     p = subprocess.run(
@@ -282,6 +285,8 @@ def test_gsm8k_solvable_bench_trains_and_pairs_on_the_tiny_model(tmp_path):
     assert "test" not in dev and "run" not in dev["train"] and dev["train"]["weights"] == r["train"]["weights"]
     assert dev["dev"]["n"] == 4 and dev["dev"]["base"]["n"] == 4 and dev["dev"]["paired"]["flexible"]["n"] == 4
     assert dev["dev"]["base"]["cut_at_budget"] > 0.5  # a random tiny model runs to its 8-token budget
+    assert dev["dev"]["ids"] == again["dev"]["ids"]  # the dev draw does not follow --seed: variants share it
+    assert dev["dev"]["right"]["base"] == again["dev"]["right"]["base"]  # the same base, greedy, same problems
     assert sorted(d.name for d in (tmp_path / "runs").iterdir()) == runs_before  # nothing trained
 
 
@@ -319,7 +324,8 @@ def test_gsm8k_solvable_reuses_a_saved_ceiling_and_refuses_a_foreign_one(tmp_pat
     (["--group", "1"], "--group must be at least 2"),
     (["--ceiling-from", "no/such.json"], "no such file"),
     (["--weights", "no/such/folder", "--ceiling-from", "assets/gsm8k_solvable_gpu.json"], "no trained weights there"),
-    (["--skip-test"], "--skip-test needs --weights and --dev-n"),
+    (["--skip-test"], "--skip-test needs --dev-n"),
+    (["--skip-test", "--dev-n", "5", "--test-k", "4"], "drop one of them"),
 ])
 def test_gsm8k_solvable_refuses_bad_arguments_with_a_message(args, says):
     p = subprocess.run([sys.executable, "bench/gsm8k_solvable.py", *args], cwd=ROOT, capture_output=True, text=True,
