@@ -355,6 +355,14 @@ class GRPOSettings:
     stop_at_answer: bool = _f(
         True, "Stop a completion as soon as it has written its '#### <number>' line (saves tokens)."
     )
+    force_answer_line: float = _f(
+        0.0,
+        "Share (0-1) of sampled answers that end without a '#### <number>' line which get '\\n####' written for "
+        "them and sample on, so the policy writes the number (off-policy tokens; trainer.py, departure 8). "
+        "0 = off. Needs fast_generation.",
+        lo=0.0,
+        hi=1.0,
+    )
     fast_generation: bool = _f(True, "Use the project's CPU sampler instead of HF generate (same model, faster).")
     share_prompt_prefix: bool = _f(
         True, "In the training pass, run each group's prompt once and reuse its keys/values for the G completions."
@@ -429,6 +437,11 @@ class GRPOSettings:
             e.append(("max_grad_norm", "must be 0 (off) or positive."))
         if not 0 < self.epsilon < 1:
             e.append(("epsilon", "must be in (0, 1); 0.2 is usual."))
+        if not 0 <= self.force_answer_line <= 1:
+            e.append(("force_answer_line", f"is a share: 0 (off) to 1 (got {self.force_answer_line})."))
+        elif self.force_answer_line > 0 and not self.fast_generation:
+            e.append(("force_answer_line", "needs fast_generation: true (HF generate cannot write the line); "
+                                           "set one of them."))
         for name, options in (("loss_type", LOSS_TYPES), ("optimizer", OPTIMIZERS), ("scale_rewards", SCALE_REWARDS)):
             if getattr(self, name) not in options:
                 e.append((name, f"{_show(getattr(self, name))} is not one of {', '.join(options)}."))

@@ -16,7 +16,10 @@ forward (so any HF causal LM works: Llama, Qwen2, ...) and replaces only what is
 * sampling is inverse-CDF on the softmax with an explicit `torch.Generator` (reproducible), in two
   levels (blocks of 256 tokens, then within the chosen block) so no cumulative sum runs over the
   whole 49k vocabulary;
-* rows that finished (EOS, or a complete final-answer line when `stop_at_answer`) leave the batch.
+* rows that finished (EOS, or a complete final-answer line when `stop_at_answer`) leave the batch;
+* with `force_answer_line` (a training option, off by default), a share of the rows that would end without
+  a '#### <number>' line get its start, "\n####", in place of their EOS and go on sampling: the policy
+  writes the number. Those forced tokens were not sampled (see trainer.py, departure 8).
 
 `generate_completions` returns token ids (without EOS), and why each row stopped.
 """
@@ -289,6 +292,9 @@ class SamplingParams:
     top_k: int = 0
     stop_at_answer: bool = True
     seed: int | None = None
+    # Share of rows that end (EOS) without a final-answer line and then get one begun for them: "\n####" is
+    # written in place of the EOS and the row samples on (the number, then a stop). 0 = off. Training only.
+    force_answer_line: float = 0.0
 
 
 @dataclass
@@ -364,6 +370,11 @@ class _AnswerLineDetector:
 
 
 _DETECTORS: dict[int, _AnswerLineDetector] = {}
+
+
+def answer_line_start(tokenizer) -> list[int]:
+    """The tokens a forced answer line begins with: a newline and '####' (the number is left to the model)."""
+    return list(tokenizer("\n####", add_special_tokens=False)["input_ids"])
 
 
 def _detector(tokenizer) -> _AnswerLineDetector:
@@ -466,6 +477,12 @@ def generate_completions(
     if params.seed is not None:
         gen = torch.Generator().manual_seed(params.seed)
     detector = _detector(tokenizer) if params.stop_at_answer else None
+    if not 0.0 <= params.force_answer_line <= 1.0:
+        raise ValueError(f"force_answer_line must be in [0, 1] (got {params.force_answer_line}).")
+    forced_ids = answer_line_start(tokenizer) if params.force_answer_line > 0 else []
+    queue: dict[int, list[int]] = {}  # row -> forced tokens still to write
+    forced_rows: set[int] = set()  # rows given a line (once each)
+    forced_tokens = 0
 
     # 1. Prefill each distinct prompt once.
     uniq: dict[tuple, int] = {}
@@ -511,12 +528,30 @@ def generate_completions(
         generated = 0
         for step in range(params.max_new_tokens):
             tok = _sample(logits, params, gen)
-            for j, (r, t) in enumerate(zip(active.tolist(), tok.tolist())):
+            toks = tok.tolist()
+            for j, (r, t) in enumerate(zip(active.tolist(), toks)):
                 if not alive[j]:
                     continue
-                if t in eos_set:
-                    reasons[r], alive[j] = "eos", False
-                    continue
+                if r in queue:  # writing a forced answer line: the sampled token is replaced
+                    t = toks[j] = queue[r].pop(0)
+                    forced_tokens += 1
+                    if not queue[r]:
+                        del queue[r]
+                elif t in eos_set:
+                    if (
+                        forced_ids
+                        and r not in forced_rows
+                        and float(_uniform(1, gen, torch.device("cpu"))[0]) < params.force_answer_line
+                        and not has_final_line(tokenizer.decode(results[r], skip_special_tokens=True))
+                    ):
+                        forced_rows.add(r)
+                        t = toks[j] = forced_ids[0]
+                        forced_tokens += 1
+                        if len(forced_ids) > 1:
+                            queue[r] = list(forced_ids[1:])
+                    else:
+                        reasons[r], alive[j] = "eos", False
+                        continue
                 results[r].append(t)
                 generated += 1
                 if detector is not None and detector.done(results[r]):
@@ -530,6 +565,8 @@ def generate_completions(
                 break
             # Finished rows ride along (their samples are ignored) until few enough remain that
             # copying the cache down to the live rows costs less than computing the dead ones.
+            if forced_rows:
+                tok = torch.tensor(toks, dtype=tok.dtype, device=tok.device)
             if n_alive < compact_below * len(alive):
                 keep_t = torch.tensor([j for j, a in enumerate(alive) if a], dtype=torch.long)
                 active = active.index_select(0, keep_t)
@@ -565,4 +602,5 @@ def generate_completions(
         prompt_tokens=sum(len(p) for p in uniq_prompts),
         generated_tokens=generated,
         seconds=time.perf_counter() - t0,
+        extra={"forced_rows": sorted(forced_rows), "forced_tokens": forced_tokens} if forced_ids else {},
     )

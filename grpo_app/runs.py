@@ -338,7 +338,7 @@ METRIC_FIELDS = {
     **dict.fromkeys(
         (
             "time elapsed reward reward_std frac_zero_std loss kl ewc_penalty ewc_seconds entropy completion_length "
-            "truncated_ratio stopped_at_answer skipped_zero_adv grad_norm lr step_seconds gen_seconds tokens_per_s "
+            "truncated_ratio stopped_at_answer forced_answer_line skipped_zero_adv grad_norm lr step_seconds gen_seconds tokens_per_s "
             "gen_tokens_per_s completions_per_s rss_mb"
         ).split(),
         _number,
@@ -449,7 +449,7 @@ def step_record(snapshot: dict, max_chars: int = STEPS_MAX_CHARS) -> dict:
             "question": g.get("question", ""),
             "answer": g.get("answer", ""),
             "completions": [cut(c) for c in g.get("completions") or []],
-            **{k: g[k] for k in ("rewards", "totals", "mean", "std", "advantages") if k in g},
+            **{k: g[k] for k in ("difficulty", "rewards", "totals", "mean", "std", "advantages") if k in g},
         }
         for g in snapshot.get("groups") or []
     ]

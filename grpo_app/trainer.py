@@ -34,6 +34,13 @@ logging, checkpoints, resume — is TRL's own code):
    the checkpoint of the last complete step. Single process only: a stop there is decided collectively
    at step ends (`distributed.any_true`), and one process leaving a step alone would hang the others.
    The longest stretch it cannot cut is one micro-batch's forward and backward.
+8. With `force_answer_line` > 0 (off by default), that share of the completions that end without a
+   '#### <number>' line get "\n####" written in place of their end token and sample on: the policy picks
+   the number. Those forced tokens are trained on as if sampled (TRL's ratio is 1 at the first pass;
+   the sampler's probability of a forced token was 1, not the policy's, so this is off-policy there, as
+   guided rollouts are; no importance weight corrects it). Why: the answer line is a rare event for the
+   embedded model (~1% of sampled answers, docs/experiments.md), and GRPO can only reinforce what is
+   sampled. Compare, Try and exports never force anything: what is measured is what the model learned.
 """
 
 from __future__ import annotations
@@ -85,6 +92,7 @@ class EngineOptions:
     merge_lora: bool = True  # with a peft model: merge adapters for sampling, unmerge for training
     bucket_lengths: bool = True  # training pass: completions in buckets of similar length, padding cut (3)
     bucket_overhead: int = 64  # what one more bucket costs, in padded positions (see length_buckets)
+    force_answer_line: float = 0.0  # share of line-less endings given "\n####" to finish (8)
 
 
 def _unwrap_peft(model):
@@ -344,6 +352,7 @@ class CurriculumGRPOTrainer(GRPOTrainer):
             top_p=self.top_p if self.top_p is not None else 1.0,
             top_k=self.opts.top_k,
             stop_at_answer=self.opts.stop_at_answer,
+            force_answer_line=self.opts.force_answer_line,
             # each process samples its own prompts with its own stream
             seed=self.args.seed * 1_000_003 + self.state.global_step + 7919 * self.accelerator.process_index,
         )
@@ -365,6 +374,8 @@ class CurriculumGRPOTrainer(GRPOTrainer):
         self._metrics[mode]["gen/completions"].append(n)
         self._metrics[mode]["gen/stopped_at_answer"].append(out.stop_reasons.count("answer") / n)
         self._metrics[mode]["gen/truncated_ratio"].append(out.stop_reasons.count("length") / n)
+        if self.opts.force_answer_line > 0:
+            self._metrics[mode]["gen/forced_answer_line"].append(len(out.extra.get("forced_rows", ())) / n)
         self.gen_totals["seconds"] += out.seconds
         self.gen_totals["tokens"] += out.generated_tokens
         self.gen_totals["completions"] += n
@@ -429,6 +440,7 @@ class CurriculumGRPOTrainer(GRPOTrainer):
                     "question": str(generation_batch[s].get("question", text(prompts[s]))),
                     "problem_id": str(generation_batch[s].get("problem_id", "")),
                     "answer": str(generation_batch[s].get("answer", "")),
+                    "difficulty": generation_batch[s].get("difficulty"),
                     "system": next((m.get("content", "") for m in msgs if m.get("role") == "system"), ""),
                     "completions": [text(comps[i]) for i in rows],
                     "rewards": {k: [num(rewards[k][i]) for i in rows] for k in rewards},

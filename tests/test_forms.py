@@ -218,3 +218,14 @@ def test_the_form_and_the_config_share_one_bound_per_setting(roots):
             errs()
         assert "grpo.num_generations" in str(ce.value)
     assert build(base_form(num_generations=hi, prompts_per_step=1), roots).grpo.num_generations == hi
+
+
+def test_a_run_started_from_the_page_keeps_the_presets_forced_answer_line(roots):
+    """The page has no control for grpo.force_answer_line: the preset's value must reach the run, as the
+    classroom preset's measured results (docs/performance.md, 'A forced answer line') assume."""
+    data = forms.load_preset_data(TINY)
+    data.setdefault("grpo", {})["force_answer_line"] = 0.5
+    assert build_config(base_form(), data, roots).grpo.force_answer_line == 0.5
+    assert build(base_form(), roots).grpo.force_answer_line == 0.0  # a preset without it: off
+    classroom = forms.load_preset_data(Path("configs/classroom.yaml"))
+    assert classroom["grpo"]["force_answer_line"] == 0.5  # the shipped default, as measured

@@ -161,3 +161,51 @@ def test_portable_attention_branch_runs_under_bf16_autocast(tiny_model, tokenize
         out = generate_completions(tiny_model, tokenizer, batch, sampled, eos_token_ids=[-1])
     assert [len(c) for c in out.completion_ids] == [10] * 5
     assert len({tuple(c) for c in out.completion_ids[:3]}) > 1
+
+
+def test_forced_answer_line_replaces_the_end_and_the_model_writes_on(tiny_model, tokenizer):
+    from grpo_app.generation import answer_line_start
+
+    p = prompts(tokenizer, ["hello"])
+    first = generate_completions(tiny_model, tokenizer, p, SamplingParams(max_new_tokens=1, temperature=0),
+                                 eos_token_ids=[-1]).completion_ids[0][0]
+    start = answer_line_start(tokenizer)
+    assert tokenizer.decode(start) == "\n####"
+    # the greedy first token is the end token here: without forcing the row is empty
+    plain = generate_completions(tiny_model, tokenizer, p * 3, SamplingParams(max_new_tokens=8, temperature=0),
+                                 eos_token_ids=[first])
+    assert plain.completion_ids == [[]] * 3 and plain.extra == {}
+    # forcing every row: the end becomes "\n####", then the model samples on (greedy) until it ends again
+    params = SamplingParams(max_new_tokens=8, temperature=0, stop_at_answer=False, force_answer_line=1.0, seed=3)
+    out = generate_completions(tiny_model, tokenizer, p * 3, params, eos_token_ids=[first])
+    free = generate_completions(tiny_model, tokenizer, [p[0] + start], SamplingParams(
+        max_new_tokens=8 - len(start), temperature=0, stop_at_answer=False), eos_token_ids=[first])
+    for ids, why in zip(out.completion_ids, out.stop_reasons):
+        # after the line's start the row is the model's own greedy continuation, and an end then ends it
+        assert ids[: len(start)] == start and ids[len(start):] == free.completion_ids[0]
+        assert why == free.stop_reasons[0]
+    assert out.extra["forced_rows"] == [0, 1, 2] and out.extra["forced_tokens"] == 3 * len(start)
+    # once only: when the token the model writes after the line's start is an end token too, the row ends there
+    again = [first, free.completion_ids[0][0]]
+    once = generate_completions(tiny_model, tokenizer, p, params, eos_token_ids=again)
+    assert once.completion_ids == [start] and once.stop_reasons == ["eos"]
+    # a share: about half of 64 rows, the same rows for the same seed
+    half = SamplingParams(max_new_tokens=4, temperature=0, stop_at_answer=False, force_answer_line=0.5, seed=3)
+    a = generate_completions(tiny_model, tokenizer, p * 64, half, eos_token_ids=[first])
+    b = generate_completions(tiny_model, tokenizer, p * 64, half, eos_token_ids=[first])
+    assert a.extra["forced_rows"] == b.extra["forced_rows"] and 16 <= len(a.extra["forced_rows"]) <= 48
+    assert all((ids[: len(start)] == start) == (r in a.extra["forced_rows"]) for r, ids in enumerate(a.completion_ids))
+
+
+def test_a_row_that_already_wrote_its_answer_line_is_not_forced(tiny_model, tokenizer, monkeypatch):
+    import grpo_app.generation as generation
+
+    p = prompts(tokenizer, ["hello"])
+    first = generate_completions(tiny_model, tokenizer, p, SamplingParams(max_new_tokens=1, temperature=0),
+                                 eos_token_ids=[-1]).completion_ids[0][0]
+    read = []
+    monkeypatch.setattr(generation, "has_final_line", lambda text: read.append(text) or True)  # "it has one"
+    params = SamplingParams(max_new_tokens=8, temperature=0, stop_at_answer=False, force_answer_line=1.0)
+    out = generate_completions(tiny_model, tokenizer, p * 2, params, eos_token_ids=[first])
+    assert out.completion_ids == [[], []] and out.stop_reasons == ["eos", "eos"] and out.extra["forced_rows"] == []
+    assert read == ["", ""]  # the rule read each row's text at its end

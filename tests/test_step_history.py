@@ -64,6 +64,7 @@ def test_every_step_is_recorded_with_its_groups(trained_run):
             assert len(g["completions"]) == len(g["advantages"]) == len(g["totals"]) == 4
             assert set(g["rewards"]) == {"correctness", "text_length", "has_number"}
             assert g["problem_id"].startswith("arith-")
+            assert isinstance(g["difficulty"], int) and g["difficulty"] >= 1  # the column rewards received
     # the latest step of the history is the one latest_step.json shows
     latest = json.loads(run.step_path.read_text())
     assert steps[-1]["groups"][0]["completions"] == latest["groups"][0]["completions"]
@@ -244,6 +245,9 @@ def test_what_if_hand_computed():
     # a reward the run did not record is scored now from the text (strict_format: last line '#### n')
     fmt = what_if(GROUP, {"strict_format": 1.0})
     assert fmt["computed"] == ["strict_format"] and fmt["rewards"]["strict_format"] == [1.0, 1.0, 0.0, 1.0]
+    # ... with the columns the step passed: 'arithmetic' checks the work against the group's question
+    work = dict(GROUP, completions=["2 + 2 = 4\n#### 4", "3 + 3 = 6\n#### 6", "2 + 2 = 5", "#### 4"], difficulty=1)
+    assert what_if(work, {"arithmetic": 1.0})["rewards"]["arithmetic"] == [1.0, 0.0, 0.0, 0.0]
     for bad in (0, 5):
         with pytest.raises(ValueError, match="group size"):
             what_if(GROUP, {"correctness": 1.0}, group_size=bad)

@@ -456,3 +456,24 @@ def test_trainer_args_turn_hf_checkpointing_off_without_the_deprecation_warning(
         warnings.simplefilter("error", FutureWarning)
         args = grpo_args(cfg, 0, tmp_path, "cpu")
     assert args.activation_checkpointing is False and args.gradient_checkpointing is False
+
+
+def test_forced_answer_line_reaches_the_sampler_and_its_share_is_logged(tmp_path, tokenizer):
+    """The trainer hands `force_answer_line` to the sampler: with every token an end token, each completion
+    ends at once, is given "\\n####", and ends at the next token (once only); the share is logged."""
+    from grpo_app.generation import answer_line_start
+
+    start = answer_line_start(tokenizer)
+    for share, expected in ((1.0, 1.0), (0.0, None)):
+        model = make_tiny(tokenizer)
+        tr = make_trainer(tmp_path / str(share), model, tokenizer, force_answer_line=share)
+        tr.eos_token_ids = list(range(len(tokenizer)))  # any sampled token ends the completion
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": "1+1?"}], add_generation_prompt=True,
+                                               tokenize=True)
+        prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+        ids, _ = tr._generate_single_turn([prompt] * 4, None, None, 4)
+        logged = tr._metrics["train"].get("gen/forced_answer_line")
+        if expected is None:
+            assert ids == [[]] * 4 and not logged
+        else:
+            assert ids == [start] * 4 and logged == [expected]
