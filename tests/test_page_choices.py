@@ -12,6 +12,7 @@ from grpo_app.ui import app as ui_app
 from grpo_app.ui.choices import PageChoices
 
 NAMES = list(REWARD_FUNCS)
+N = len(NAMES)  # the What-if box: run id, one slider per reward, group size, the table
 STEP = {
     "step": 3,
     "stage": 0,
@@ -65,19 +66,19 @@ def test_a_draw_sent_before_a_slider_moved_keeps_the_move(tmp_path):
     page, other = "page-1", "page-2"  # the pages' own ids
     run_w, no_brevity = weights(correctness=1, brevity=1), weights(correctness=1)
 
-    box = draw(page, 0, None, 8, *weights())[-10:]  # a new page: the run's weights, the whole group
-    assert box[0] == run.id and [u["value"] for u in box[1:8]] == run_w and box[8]["value"] == 4
-    assert advantages(box[9]) == ["+0.78", "-0.26", "-1.31", "+0.78"]  # the recorded ones
+    box = draw(page, 0, None, 8, *weights())[-(N + 3):]  # a new page: the run's weights, the whole group
+    assert box[0] == run.id and [u["value"] for u in box[1 : N + 1]] == run_w and box[N + 1]["value"] == 4
+    assert advantages(box[N + 2]) == ["+0.78", "-0.26", "-1.31", "+0.78"]  # the recorded ones
 
     assert advantages(on_change(page, 0, 4, *no_brevity)) == ["+0.00"] * 4  # the user turns brevity off
     # ... while a draw that left the page with brevity on is answered: it keeps brevity off
-    box = draw(page, 0, run.id, 4, *run_w)[-10:]
-    assert box[1:8] == no_brevity and advantages(box[9]) == ["+0.00"] * 4
+    box = draw(page, 0, run.id, 4, *run_w)[-(N + 3):]
+    assert box[1 : N + 1] == no_brevity and advantages(box[N + 2]) == ["+0.00"] * 4
     # another page has its own choices
-    assert draw(other, 0, run.id, 4, *run_w)[-10:][1:8] == run_w
+    assert draw(other, 0, run.id, 4, *run_w)[-(N + 3):][1 : N + 1] == run_w
 
     # the group size and the prompt are kept the same way
     on_change(page, 0, 2, *run_w)
     pick(page, 0)
-    box = draw(page, 0, run.id, 4, *run_w)[-10:]
-    assert box[8] == 2 and advantages(box[9]) == ["+0.71", "-0.71"]
+    box = draw(page, 0, run.id, 4, *run_w)[-(N + 3):]
+    assert box[N + 1] == 2 and advantages(box[N + 2]) == ["+0.71", "-0.71"]
