@@ -123,15 +123,11 @@ _CALC_SPLIT_RE = re.compile(r"\s*([-+*/x×÷])\s*")
 MAX_CALCULATIONS = 32  # read at most this many per text: a reward stays cheap on a 4,096-token ramble
 
 
-def _calc_value(expr: str) -> Fraction | None:
-    """Value of 'a op b op c ...' with * and / before + and -, exactly (Fractions); None on a division by 0
-    or a number normalize_number refuses."""
-    parts = _CALC_SPLIT_RE.split(expr.strip())
-    nums = [normalize_number(p) for p in parts[0::2]]
-    if any(n is None for n in nums):
-        return None
+def _calc_value(nums: list[str], ops: list[str]) -> Fraction | None:
+    """Value of nums[0] ops[0] nums[1] ... with * and / before + and -, exactly (Fractions); None on a
+    division by 0."""
     vals = [Fraction(Decimal(n)) for n in nums]
-    ops = ["*" if o in "x×" else "/" if o == "÷" else o for o in parts[1::2]]
+    ops = ["*" if o in "x×" else "/" if o == "÷" else o for o in ops]
     terms, signs = [vals[0]], []
     for op, v in zip(ops, vals[1:]):
         if op in "*/":
@@ -154,11 +150,12 @@ def written_calculations(text: str) -> list[dict]:
     for m in _CALC_RE.finditer(text or ""):
         if len(out) >= MAX_CALCULATIONS:
             break
-        expr, result = m.group(1), normalize_number(m.group(2))
-        value = _calc_value(expr)
+        parts = _CALC_SPLIT_RE.split(m.group(1).strip())
+        operands = [normalize_number(p) for p in parts[0::2]]
+        result = normalize_number(m.group(2))
         if result is None:
             continue
-        operands = [normalize_number(p) for p in _CALC_SPLIT_RE.split(expr.strip())[0::2]]
+        value = None if None in operands else _calc_value(operands, parts[1::2])  # unreadable: not right
         out.append({
             "text": m.group(0),
             "operands": operands,
