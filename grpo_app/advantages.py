@@ -93,16 +93,13 @@ def _scores(group: dict, name: str, n: int) -> tuple[list[float], bool]:
     recorded = (group.get("rewards") or {}).get(name)
     if recorded is not None:
         return [float(v) for v in recorded[:n]], False
-    from .rewards import REWARD_FUNCS
+    from .rewards import REWARD_FUNCS, reward_columns
 
     fn = REWARD_FUNCS.get(name)
     if fn is None:
         raise ValueError(f"unknown reward function '{name}'.")
     comps = list(group.get("completions") or [])[:n]
-    columns = {"answer": [str(group.get("answer", ""))] * len(comps)}
-    for key in ("question", "difficulty"):  # the columns a training step passed (older runs lack 'difficulty')
-        if group.get(key) is not None:
-            columns[key] = [group[key]] * len(comps)
+    columns = reward_columns(len(comps), str(group.get("answer", "")), group.get("question"), group.get("difficulty"))
     vals = fn([""] * len(comps), comps, **columns)
     return [float(v) for v in vals], True
 

@@ -529,12 +529,13 @@ def generate_completions(
         for step in range(params.max_new_tokens):
             tok = _sample(logits, params, gen)
             toks = tok.tolist()
+            replaced = False  # a forced token took a sampled one's place this step
             for j, (r, t) in enumerate(zip(active.tolist(), toks)):
                 if not alive[j]:
                     continue
                 if r in queue:  # writing a forced answer line: the sampled token is replaced
                     t = toks[j] = queue[r].pop(0)
-                    forced_tokens += 1
+                    forced_tokens, replaced = forced_tokens + 1, True
                     if not queue[r]:
                         del queue[r]
                 elif t in eos_set:
@@ -546,7 +547,7 @@ def generate_completions(
                     ):
                         forced_rows.add(r)
                         t = toks[j] = forced_ids[0]
-                        forced_tokens += 1
+                        forced_tokens, replaced = forced_tokens + 1, True
                         if len(forced_ids) > 1:
                             queue[r] = list(forced_ids[1:])
                     else:
@@ -565,7 +566,7 @@ def generate_completions(
                 break
             # Finished rows ride along (their samples are ignored) until few enough remain that
             # copying the cache down to the live rows costs less than computing the dead ones.
-            if forced_rows:
+            if replaced:
                 tok = torch.tensor(toks, dtype=tok.dtype, device=tok.device)
             if n_alive < compact_below * len(alive):
                 keep_t = torch.tensor([j for j, a in enumerate(alive) if a], dtype=torch.long)

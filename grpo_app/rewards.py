@@ -173,6 +173,17 @@ def build_rewards(weights: dict[str, float]) -> tuple[list[Callable], list[float
     return [REWARD_FUNCS[n] for n in names], [float(weights[n]) for n in names]
 
 
+def reward_columns(n: int, answer: str, question: str | None = None, difficulty: int | None = None) -> dict:
+    """The dataset columns a training step passes to the reward functions, for n completions of one problem
+    (a column left out when it is not known: older runs lack 'difficulty', Try may lack the question)."""
+    columns = {"answer": [answer] * n}
+    if question is not None:
+        columns["question"] = [question] * n
+    if difficulty is not None:
+        columns["difficulty"] = [difficulty] * n
+    return columns
+
+
 def score_text(
     text: str, gold: str, weights: dict[str, float], question: str | None = None, difficulty: int | None = None
 ) -> dict[str, float]:
@@ -180,11 +191,7 @@ def score_text(
     `question` and `difficulty` are the columns a training step passes too (None: not known)."""
     scores = {}
     total = 0.0
-    columns = {"answer": [gold]}
-    if question is not None:
-        columns["question"] = [question]
-    if difficulty is not None:
-        columns["difficulty"] = [difficulty]
+    columns = reward_columns(1, gold, question, difficulty)
     for name, w in weights.items():
         v = REWARD_FUNCS[name]([""], [text], **columns)[0]
         scores[name] = v
