@@ -15,6 +15,10 @@ sampler at `--temperature`, the app's answer reader, flexible and strict), and r
 * the expected share of groups of size G (2..k) that carry a signal: 1 - P(all wrong) - P(all right),
   from each problem's success count (hypergeometric, exact for G <= k).
 
+`--model` takes any model the app loads, a trained run's `final` folder included; `--pair-with` an
+earlier result of this bench (e.g. the base model's, from a GPU) puts both models' pass@k side by side on
+the problems the two share, with an exact McNemar test on "solved at least once in k".
+
 Reading the train split is how a preset is chosen; the test split is measured only to report it (a
 preset is never selected on it). Accuracy does not depend on machine load; the seconds do.
 """
@@ -22,6 +26,7 @@ preset is never selected on it). Accuracy does not depend on machine load; the s
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import sys
@@ -83,9 +88,28 @@ def main() -> None:
     ap.add_argument("--model", default="embedded")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--pair-with",
+        default=None,
+        metavar="JSON",
+        help="an earlier result of this bench (e.g. the base model's): both models' pass@k on the problems the "
+        "two share, and an exact McNemar test on 'solved at least once in k' (same split, k, temperature "
+        "and token budget required)",
+    )
     a = ap.parse_args()
     if a.n < 1 or not 1 <= a.k <= 64:
         ap.error("--n must be at least 1 and --k between 1 and 64")
+    other = None
+    if a.pair_with:  # checked before any sampling, so a mismatch does not fail after the work is done
+        try:
+            other = json.loads(Path(a.pair_with).read_text())
+            mine = {"split": a.split, "k": a.k, "temperature": a.temperature, "max_new_tokens": a.max_new_tokens}
+            differ = [f"{key} {other[key]!r} there, {v!r} here" for key, v in mine.items() if other[key] != v]
+            other["records"][0]["id"]
+        except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+            ap.error(f"--pair-with {a.pair_with}: not a result of this bench with records ({e}).")
+        if differ:
+            ap.error(f"--pair-with {a.pair_with}: measured differently ({'; '.join(differ)}).")
 
     import torch
 
@@ -125,7 +149,31 @@ def main() -> None:
         "by_difficulty": {d: summarize(v, a.k, a.seed) for d, v in sorted(by_difficulty(recs).items())},
         "records": recs,
     }
+    if other is not None:
+        result["paired"] = pair(other, a.pair_with, recs, a.k, a.seed)
     emit(result, a.out)
+
+
+def pair(other: dict, other_path: str, recs: list[dict], k: int, seed: int) -> dict:
+    """This model's samples beside another result's, on the problems both answered (matched by id)."""
+    from grpo_app.evaluation import paired, pass_k_curve
+
+    theirs = {r["id"]: r for r in other["records"]}
+    common = [r for r in recs if r["id"] in theirs]
+    them = [theirs[r["id"]] for r in common]
+
+    def solved(rs):
+        return [{"id": r["id"], "any": r["correct"] > 0} for r in rs]
+
+    return {
+        "with": other_path,
+        "other_model": other.get("model"),
+        "other_machine": other.get("machine"),
+        "n": len(common),
+        "other_pass": pass_k_curve([r["correct"] for r in them], k, seed=seed),
+        "this_pass": pass_k_curve([r["correct"] for r in common], k, seed=seed),
+        "solved_in_k": paired(solved(them), solved(common), "any"),  # only_base = only the other model
+    }
 
 
 if __name__ == "__main__":

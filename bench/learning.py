@@ -88,8 +88,14 @@ def score(model_name, problems, settings, label: str) -> dict:
 
 
 def brief(summary: dict) -> dict:
+    """The cells the JSON keeps per model and set, by difficulty included (GSM8K: calculation steps)."""
     keys = ("n", "correct", "accuracy", "ci", "strict_accuracy", "format_rate", "format_ci", "mean_tokens")
-    return {k: summary[k] for k in keys}
+    out = {k: summary[k] for k in keys}
+    out["by_difficulty"] = {
+        d: {"n": v["n"], "correct": round(v["accuracy"] * v["n"]), "accuracy": v["accuracy"], "ci": v["ci"]}
+        for d, v in summary.get("by_difficulty", {}).items()
+    }
+    return out
 
 
 def chart(result: dict, html_path: Path, png_path: Path | None) -> None:

@@ -30,6 +30,9 @@ def test_learning_bench_runs_the_ablation_on_a_tiny_model(tmp_path):
             k = ev[m]["correct"]
             assert ev[m]["accuracy"] == pytest.approx(k / ev["n"])  # a count of this set's problems
             assert tuple(ev[m]["ci"]) == pytest.approx(wilson_interval(k, ev["n"]))  # that count's interval
+            by_d = ev[m]["by_difficulty"]  # the same answers split by difficulty: the parts add up
+            assert by_d and sum(v["n"] for v in by_d.values()) == ev["n"]
+            assert sum(v["correct"] for v in by_d.values()) == k
         assert {"ewc_vs_base", "ewc_vs_base_strict", "noewc_vs_base", "ewc_vs_noewc"} <= set(res["paired"][name])
     assert set(res["after_stage1"]) == {"stage 1: s1", "stage 2: s2"}  # not GSM8K: scored for stage tasks only
     assert set(res["paired"]["forgetting"]["stage 1: s1"]) == {"ewc", "noewc"}

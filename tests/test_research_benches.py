@@ -59,6 +59,33 @@ def test_ceiling_bench_on_the_tiny_model(tmp_path):
     assert r["all"]["pass"]["k"] == [1, 2, 3, 4]
 
 
+def test_ceiling_bench_pairs_with_an_earlier_result(tmp_path):
+    """--pair-with: the other result's pass@k on the shared problems and McNemar on 'solved in k', matched by
+    id (a problem the other result lacks is left out); a result measured differently is refused up front."""
+    first = tmp_path / "first.json"
+    r1 = _bench("ceiling.py", "--model", "tiny-random", "--n", "3", "--k", "4", "--max-new-tokens", "8",
+                "--out", str(first))
+    other = dict(r1, model="hand-made")
+    ids = [r["id"] for r in r1["records"]]
+    other["records"] = [{"id": ids[0], "n": 4, "correct": 4, "strict_correct": 4},  # solved every time
+                        {"id": ids[1], "n": 4, "correct": 0, "strict_correct": 0}]  # ids[2] missing
+    hand = tmp_path / "hand.json"
+    hand.write_text(json.dumps(other))
+    r2 = _bench("ceiling.py", "--model", "tiny-random", "--n", "3", "--k", "4", "--max-new-tokens", "8",
+                "--pair-with", str(hand))
+    pr, mine = r2["paired"], {r["id"]: r["correct"] for r in r2["records"]}
+    assert pr["n"] == 2 and pr["other_model"] == "hand-made"
+    assert pr["other_pass"]["pass"] == pytest.approx([0.5] * 4)  # one problem always right, one never
+    assert pr["this_pass"]["pass"][-1] == pytest.approx(sum(mine[i] > 0 for i in ids[:2]) / 2)
+    s = pr["solved_in_k"]
+    assert (s["only_base"], s["only_trained"]) == (int(mine[ids[0]] == 0), int(mine[ids[1]] > 0))
+    p = subprocess.run(
+        [sys.executable, "bench/ceiling.py", "--model", "tiny-random", "--n", "3", "--k", "2", "--pair-with", str(hand)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert p.returncode == 2 and "measured differently (k 4 there, 2 here" in p.stderr, p.stderr[-2000:]
+
+
 def test_int8_sampler_bench_on_the_tiny_model(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text(
