@@ -105,8 +105,9 @@ def main() -> None:
             other = json.loads(Path(a.pair_with).read_text())
             mine = {"split": a.split, "k": a.k, "temperature": a.temperature, "max_new_tokens": a.max_new_tokens}
             differ = [f"{key} {other[key]!r} there, {v!r} here" for key, v in mine.items() if other[key] != v]
-            other["records"][0]["id"]
-        except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+            if not other["records"] or not all("id" in r and "correct" in r for r in other["records"]):
+                raise ValueError("no per-problem records with 'id' and 'correct'")
+        except (OSError, ValueError, KeyError, TypeError) as e:
             ap.error(f"--pair-with {a.pair_with}: not a result of this bench with records ({e}).")
         if differ:
             ap.error(f"--pair-with {a.pair_with}: measured differently ({'; '.join(differ)}).")

@@ -62,9 +62,7 @@ def test_ceiling_bench_on_the_tiny_model(tmp_path):
 def test_ceiling_bench_pairs_with_an_earlier_result(tmp_path):
     """--pair-with: the other result's pass@k on the shared problems and McNemar on 'solved in k', matched by
     id (a problem the other result lacks is left out); a result measured differently is refused up front."""
-    first = tmp_path / "first.json"
-    r1 = _bench("ceiling.py", "--model", "tiny-random", "--n", "3", "--k", "4", "--max-new-tokens", "8",
-                "--out", str(first))
+    r1 = _bench("ceiling.py", "--model", "tiny-random", "--n", "3", "--k", "4", "--max-new-tokens", "8")
     other = dict(r1, model="hand-made")
     ids = [r["id"] for r in r1["records"]]
     other["records"] = [{"id": ids[0], "n": 4, "correct": 4, "strict_correct": 4},  # solved every time
