@@ -510,14 +510,14 @@ def cmd_explain(args) -> int:
 def cmd_export(args) -> int:
     """The run's trained model as GGUF or safetensors (a folder with a model card), optionally pushed to the Hub."""
     from .model_export import ExportError, check_choice, export_run, push_to_hub, write_single_gguf
-    from .runs import RunDir, runs_root, validate_run_id
+    from .runs import resolve_run, runs_root
 
     try:
         fmt = str(args.format).lower()
         default_quant = {"gguf": "f16", "safetensors": "f32"}.get(fmt, "")
         fmt, quant = check_choice(fmt, args.quant or default_quant)
         root = Path(args.runs_dir) if args.runs_dir else runs_root()
-        run = RunDir(root / validate_run_id(args.run_id))
+        run = resolve_run(root, args.run_id)  # the one rule for run ids: a symlinked run folder is refused
         if not run.config_path.is_file():
             raise ExportError(f"there is no run '{run.id}' in {root}.")
         if args.out and args.out.endswith(".gguf"):
@@ -540,7 +540,21 @@ def cmd_export(args) -> int:
     except (ExportError, ValueError) as e:
         print(f"Cannot export: {e}" if "Not pushed" not in str(e) else str(e), file=sys.stderr)
         return 2
+    except OSError as e:  # the target cannot be written: a path under a file, no permission, a full disk
+        print(f"Cannot export: could not write {args.out or 'the export'}: {_os_reason(e)}", file=sys.stderr)
+        return 2
     return 0
+
+
+def _os_reason(e: OSError) -> str:
+    """An OSError in a few words ('disk full', 'permission denied'), without the paths Python puts in it."""
+    import errno
+
+    words = {errno.ENOSPC: "disk full", errno.EACCES: "permission denied", errno.EPERM: "not permitted",
+             errno.ENOTDIR: "a part of the path is a file, not a folder",
+             errno.EEXIST: "a part of the path is a file, not a folder", errno.EROFS: "read-only file system",
+             errno.EDQUOT: "disk quota exceeded", errno.ENOENT: "no such folder"}
+    return words.get(e.errno, e.strerror or type(e).__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -389,6 +389,15 @@ def _check_target(out: Path) -> None:
         )
 
 
+def _check_writable(folder: Path) -> None:
+    """Create `folder` and a file in it, then remove the file: a target that cannot be written (a path under a
+    file, no permission, a pseudo file system) fails here with its OSError, before the model is loaded."""
+    folder.mkdir(parents=True, exist_ok=True)
+    probe = folder / f".write-probe-{uuid.uuid4().hex[:8]}"
+    probe.open("wb").close()
+    probe.unlink()
+
+
 def load_trained(run: RunDir):
     from .models import ModelError, load_model
 
@@ -436,6 +445,7 @@ def export_run(run: RunDir, fmt: str = "gguf", quant: str = "f16", out: Path | N
     fmt, quant = check_choice(fmt, quant)
     out = Path(out) if out else default_out(run, fmt, quant)
     _check_target(out)  # before loading anything
+    _check_writable(out.parent)
     model, tok = load_trained(run)
     return export_model(model, tok, run, fmt, quant, out)
 
@@ -446,8 +456,8 @@ def write_single_gguf(run: RunDir, path: Path, quant: str = "f16") -> list[str]:
     path = Path(path)
     if path.is_dir():
         raise ExportError(f"'{path.name}' is a folder; give a file name ending in .gguf, or a folder for --out.")
+    _check_writable(path.parent)  # before loading anything
     model, tok = load_trained(run)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         notes = write_gguf(model, tok, tmp, quant, name=run.id)

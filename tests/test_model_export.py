@@ -334,7 +334,7 @@ def test_cli_export(tmp_path, tokenizer, capsys, monkeypatch):
 
     for argv, message in (
         (["export", run.id, "--format", "safetensors", "--quant", "q8_0"], "safetensors can be written as f32, f16"),
-        (["export", "no-such-run"], "there is no run 'no-such-run'"),
+        (["export", "no-such-run"], "is no run 'no-such-run'"),
         (["export", "../etc"], "is not a run id"),
         (["export", run.id, "--format", "onnx"], "format 'onnx' is not one of gguf, safetensors"),
     ):
@@ -348,3 +348,60 @@ def test_cli_export(tmp_path, tokenizer, capsys, monkeypatch):
     folder = run.path / "export" / "safetensors-f32"
     assert code == 2 and "Not pushed: this server runs offline" in captured.err and str(folder) in captured.err
     assert (folder / "model.safetensors").is_file() and (folder / "README.md").is_file()
+
+
+def test_cli_export_refuses_a_symlinked_run_id_as_the_app_does(tmp_path, tokenizer, capsys):
+    """Issue 45, 2: a run folder that is a link to elsewhere is not a run (`runs.resolve_run`), so nothing is
+    loaded from it and nothing is written there."""
+    from grpo_app.cli import main
+
+    elsewhere = finished_run(tmp_path / "elsewhere", tokenizer)
+    root = tmp_path / "runs"
+    root.mkdir()
+    link = root / "20990101-000000-linked"
+    link.symlink_to(elsewhere.path, target_is_directory=True)
+    assert main(["export", link.name, "--runs-dir", str(root), "--format", "gguf", "--quant", "q8_0"]) == 2
+    err = capsys.readouterr().err
+    assert "There is no run '20990101-000000-linked'" in err and "Traceback" not in err and err.count("\n") == 1
+    assert not (elsewhere.path / "export").exists()
+
+
+@pytest.mark.parametrize("target, words", [
+    ("/dev/full/x.gguf", "a part of the path is a file, not a folder"),  # a path under a file
+    ("/proc/x.gguf", "no such folder"),  # a pseudo file system takes no new file
+    ("/dev/full/sub/x", "a part of the path is a file, not a folder"),  # a folder export under a file
+])
+def test_cli_export_to_an_unwritable_place_says_so_in_one_line(tmp_path, tokenizer, capsys, monkeypatch, target, words):
+    """Issue 45, 3: one line and exit 2, before the model is even loaded."""
+    from grpo_app.cli import main
+
+    monkeypatch.setattr(me, "load_trained", lambda run: pytest.fail("loaded the model for a target it cannot write"))
+    root = tmp_path / "runs"
+    run = finished_run(root, tokenizer)
+    assert main(["export", run.id, "--runs-dir", str(root), "--out", target]) == 2
+    err = capsys.readouterr().err
+    assert err == f"Cannot export: could not write {target}: {words}\n", err
+
+
+@pytest.mark.parametrize("out_name", ["one.gguf", "folder"])
+def test_cli_export_on_a_disk_that_fills_mid_write_leaves_no_partial_file(tmp_path, tokenizer, capsys, monkeypatch,
+                                                                           out_name):
+    """Issue 45, 3: the disk fills after some bytes are written: one line, exit 2, nothing left behind."""
+    import errno
+
+    from grpo_app.cli import main
+
+    def fill_up(model, tok, path, quant, name=None):
+        with open(path, "wb") as fh:
+            fh.write(b"GGUF" + b"\0" * 4096)
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(me, "write_gguf", fill_up)
+    root = tmp_path / "runs"
+    run = finished_run(root, tokenizer)
+    out = tmp_path / "out"
+    out.mkdir()
+    assert main(["export", run.id, "--runs-dir", str(root), "--out", str(out / out_name)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"Cannot export: could not write {out / out_name}: disk full\n", err
+    assert list(out.iterdir()) == []  # neither the target nor a temporary file
