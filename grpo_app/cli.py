@@ -167,7 +167,10 @@ def _finish(run, status: str) -> int:
     if status == "completed":
         print(f"Trained model: {run.final_dir}")
     if status == "stopped":
-        print(f"Resume with: python -m grpo_app resume {run.id}")
+        if run.latest_checkpoint() is not None:
+            print(f"Resume with: python -m grpo_app resume {run.id}")
+        else:
+            print("Nothing to resume: it stopped before its first step completed. Start it again.")
     peak = st.get("peak_rss_mb")
     if peak:
         print(f"Peak RSS: {peak:.0f} MB")

@@ -181,7 +181,11 @@ class DataConfig:
                 e.append(("gsm8k_dir", "data.gsm8k is 'local' but no folder is set; set data.gsm8k_dir or GRPO_APP_GSM8K_DIR."))
             elif not (Path(folder) / "train.jsonl").is_file():
                 e.append(
-                    ("gsm8k_dir", f"{_show(folder)} has no train.jsonl; point it at the folder holding train.jsonl and test.jsonl.")
+                    (
+                        "gsm8k_dir",
+                        f"the folder {'data.gsm8k_dir' if self.gsm8k_dir else 'GRPO_APP_GSM8K_DIR'} names has no "
+                        "train.jsonl; point it at the folder holding train.jsonl and test.jsonl.",
+                    )
                 )
         if len(self.system_prompt) > 4000:
             e.append(("system_prompt", "is longer than 4000 characters; shorten it."))

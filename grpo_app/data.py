@@ -107,6 +107,13 @@ def gsm8k_dir(data_cfg) -> Path | None:
     return Path(folder).expanduser() if folder else None
 
 
+def gsm8k_dir_label(data_cfg) -> str:
+    """The local GSM8K folder as a user knows it (by the setting that names it), never its server path: the
+    run log and the errors of a shared server are read by every page (issue 45)."""
+    set_by = "data.gsm8k_dir" if (getattr(data_cfg, "gsm8k_dir", "") or "").strip() else "GRPO_APP_GSM8K_DIR"
+    return f"local GSM8K folder ({set_by})"
+
+
 _GSM8K_CACHE: dict = {}
 
 
@@ -129,9 +136,11 @@ def load_gsm8k(split: str, data_cfg) -> tuple[list[Problem], str]:
                         if line.strip():
                             probs.append(gsm8k_problem(json.loads(line), i, split))
                 _GSM8K_CACHE[key] = probs
-            return _GSM8K_CACHE[key], f"local folder {folder}"
+            return _GSM8K_CACHE[key], gsm8k_dir_label(data_cfg)
         if mode == "local":
-            raise DataError(f"{path} does not exist; set data.gsm8k_dir to the folder holding {split}.jsonl.")
+            raise DataError(
+                f"the {gsm8k_dir_label(data_cfg)} has no {split}.jsonl; point it at the folder holding {split}.jsonl."
+            )
     if mode == "local":
         raise DataError("data.gsm8k is 'local' but no folder is set (data.gsm8k_dir or GRPO_APP_GSM8K_DIR).")
     hub_id = getattr(data_cfg, "hub_dataset", "openai/gsm8k")

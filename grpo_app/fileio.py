@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -167,3 +168,22 @@ def staged_dir(target: Path):
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     publish_dir(tmp, target)
+
+
+# ------------------------------------------------------------------------------------------------
+# Texts a page may read: no absolute server path
+# ------------------------------------------------------------------------------------------------
+# An absolute POSIX path: a '/' not preceded by a word character, '.', ':' or another '/' (so "3/4", "a/b",
+# "http://host/x" and "./rel" stay as they are), then at least one "name/" and a last name.
+_ABS_PATH = re.compile(r"(?<![\w.:/~])/(?:[\w.@+\-~]+/)+([\w.@+\-~]*)")
+
+
+def hide_server_paths(text: str) -> str:
+    """`text` with every absolute path cut to its last name ('/srv/app/models/x/final' -> '…/final').
+
+    For a message born elsewhere (an exception's text, a library's error) on its way to a page or a shared
+    log, where the server's folders are nobody's business (issue 45). Messages the project writes itself name
+    things as a user knows them ('the local GSM8K folder', 'models/', a run id) and pass through unchanged."""
+    if not text or "/" not in text:
+        return text
+    return _ABS_PATH.sub(lambda m: "…/" + m.group(1) if m.group(1) else "…/", text)

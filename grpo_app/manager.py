@@ -37,7 +37,7 @@ import psutil
 
 from .config import Config
 from .estimate import check_step
-from .fileio import _json_default, append_jsonl, atomic_write_json
+from .fileio import _json_default, append_jsonl, atomic_write_json, hide_server_paths
 from .runs import ACTIVE, RunDir, list_runs, resolve_run, runs_root
 
 
@@ -228,7 +228,7 @@ def run_job(run: RunDir, resume: bool, reporter: _JobReporter) -> None:
             reporter.event("finished", seconds=round(time.time() - t0, 1))
         reporter.status(status=final, ended=time.time(), peak_rss_mb=sampler.peak / 2**20)
     except BaseException as e:  # noqa: BLE001 - a crash marks the run failed, the app keeps serving
-        msg = f"{type(e).__name__}: {e}"
+        msg = hide_server_paths(f"{type(e).__name__}: {e}")  # every page reads it (the traceback stays on disk)
         reporter.event("error", message=msg, traceback=traceback.format_exc()[-4000:])
         reporter.status(status="failed", error=msg, ended=time.time(), peak_rss_mb=sampler.peak / 2**20)
     finally:

@@ -111,6 +111,12 @@ def allowed_model_roots() -> list[Path]:
     return [models_root(), *extra]
 
 
+def model_roots_text() -> str:
+    """The folders a page may load models from, as a user knows them (a page never sees a server path)."""
+    extra = " and the folders listed in GRPO_APP_MODEL_ROOTS" if os.environ.get("GRPO_APP_MODEL_ROOTS") else ""
+    return f"the app's models/ folder{extra}"
+
+
 def resolve_model(name: str, restrict_paths: bool = False) -> ModelSpec:
     """Turn a model name into a ModelSpec, or raise ModelError with what to do.
 
@@ -135,13 +141,13 @@ def resolve_model(name: str, restrict_paths: bool = False) -> ModelSpec:
             raise ModelError(f"'{name}': paths with '..' are not allowed.")
         rp = path.resolve()
         if restrict_paths and not any(rp == r or r in rp.parents for r in allowed_model_roots()):
-            raise ModelError(f"'{name}' is outside the model folders this app may read ({models_root()}).")
+            raise ModelError(f"'{name}' is outside the model folders this app may read ({model_roots_text()}).")
         if not rp.is_dir():
             raise ModelError(f"folder '{name}' does not exist.")
         if (rp / "final").is_dir() and not (rp / "config.json").is_file():
             rp = (rp / "final").resolve()  # a run folder: use its trained model
             if restrict_paths and not any(rp == r or r in rp.parents for r in allowed_model_roots()):
-                raise ModelError(f"'{name}' is outside the model folders this app may read ({models_root()}).")
+                raise ModelError(f"'{name}' is outside the model folders this app may read ({model_roots_text()}).")
         if not (rp / "config.json").is_file():
             raise ModelError(f"folder '{name}' has no config.json; it does not hold a saved model.")
         return ModelSpec("local", str(rp), model_label(str(rp)))

@@ -37,7 +37,16 @@ STATE_WORDS = {
     "damaged": "damaged (see the Runs tab)",
 }
 
+# A stopped or interrupted run is resumable only when it holds a complete checkpoint: one stopped before its
+# first step ended has none, and its badge must not promise a Resume (issue 45, 4).
+RESUMABLE_WORDS = {"stopped": "stopped (resumable)", "interrupted": "interrupted (resumable)"}
+NOT_RESUMABLE_WORDS = {
+    "stopped": "stopped (nothing to resume: no step completed; Start again)",
+    "interrupted": "interrupted (nothing to resume: no step completed; Start again)",
+}
+
 _PLAN_CACHE: dict[str, tuple] = {}
+_RESUMABLE_CACHE: dict[tuple, bool] = {}
 _DISK_CACHE: dict[str, dict] = {}
 _LOCK = threading.Lock()
 
@@ -101,6 +110,7 @@ def live_view(manager: RunManager) -> dict:
     return {
         "run_id": run.id,
         "state": state,
+        "resumable": None if snap["active"] else _resumable_at(run, state, snap["version"]),
         "status": status,
         "metrics": snap["metrics"],
         "events": snap["events"],
@@ -133,6 +143,7 @@ def disk_view(run: RunDir) -> dict:
         view = {
             "run_id": run.id,
             "state": state,
+            "resumable": resumable(run) if state in RESUMABLE_WORDS else None,
             "status": status,
             "metrics": run.metrics(),
             "events": run.events(),
@@ -184,6 +195,31 @@ def resumable(run: RunDir) -> bool:
     return run.effective_status() in ("stopped", "interrupted", "failed") and run.latest_checkpoint() is not None
 
 
+def _resumable_at(run: RunDir, state: str, version) -> bool | None:
+    """`resumable(run)` for a stopped or interrupted live view, looked up once per change of the job's store
+    (the view is polled by every page; a stopped job's store no longer changes)."""
+    if state not in RESUMABLE_WORDS:
+        return None
+    key = (run.id, state, version)
+    with _LOCK:
+        hit = _RESUMABLE_CACHE.get(key)
+    if hit is None:
+        hit = resumable(run)
+        with _LOCK:
+            if len(_RESUMABLE_CACHE) > 64:
+                _RESUMABLE_CACHE.clear()
+            _RESUMABLE_CACHE[key] = hit
+    return hit
+
+
+def state_text(view: dict) -> str:
+    """The badge's words for a view's state: a stopped run says whether Resume can continue it."""
+    state = view.get("state", "idle")
+    if state in RESUMABLE_WORDS and view.get("resumable") is not None:
+        return (RESUMABLE_WORDS if view["resumable"] else NOT_RESUMABLE_WORDS)[state]
+    return STATE_WORDS.get(state, state)
+
+
 def resume_target(manager: RunManager) -> RunDir | None:
     """The run 'Resume' continues: this server's last run if it can be resumed, else the newest resumable run."""
     cur = manager.current_run
@@ -233,7 +269,7 @@ def progress(view: dict, now: float | None = None) -> dict:
     return {
         "run_id": view.get("run_id"),
         "state": view.get("state", "idle"),
-        "state_text": STATE_WORDS.get(view.get("state", "idle"), view.get("state", "")),
+        "state_text": state_text(view),
         "stage": (int(stage) + 1) if stage is not None else None,
         "n_stages": n_stages,
         "stage_name": st.get("stage_name", last.get("stage_name")),

@@ -66,7 +66,7 @@ def test_gsm8k_difficulty_counts_calculator_steps():
 
 def test_gsm8k_local_folder_is_used():
     probs, origin = load_gsm8k("test", DataConfig())
-    assert len(probs) == 1319 and "local folder" in origin
+    assert len(probs) == 1319 and origin == "local GSM8K folder (GRPO_APP_GSM8K_DIR)"
     assert all(p.answer is not None for p in probs)
     assert probs[0].difficulty == gsm8k_difficulty(probs[0].solution)
 

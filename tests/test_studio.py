@@ -84,6 +84,27 @@ def test_start_refuses_bad_forms_and_a_second_run_then_stop_and_resume(studio):
     assert wait(lambda: not studio.manager.active)
 
 
+def test_a_stop_before_the_first_step_promises_no_resume(studio):
+    """Issue 45, 4: stopped before any step completed, the run has no checkpoint, so neither the badge nor
+    the run log may say Resume continues it, and Resume says there is nothing to continue."""
+    res = studio.start(form(studio, stages=[["a", "arithmetic", 1, 1, 30]]))
+    assert res.ok and studio.stop().ok  # at once: the model is still loading
+    assert wait(lambda: not studio.manager.active)
+    st = studio.status()
+    assert st["state"] == "stopped" and st["step"] == 0, st
+    assert studio.manager.current_run.latest_checkpoint() is None
+    assert "resumable" not in st["state_text"] and "nothing to resume" in st["state_text"], st["state_text"]
+    log = render.events_md(studio.view()["events"])
+    assert "Resume continues" not in log and "checkpoint ?" not in log, log
+    assert "nothing to resume (Start again)" in log, log
+    again = studio.resume(res.run_id)
+    assert not again.ok and "no complete checkpoint" in again.message
+    from grpo_app import monitor
+
+    disk = monitor.progress(monitor.disk_view(studio.manager.current_run))  # the Runs tab reads the folder
+    assert "nothing to resume" in disk["state_text"], disk["state_text"]
+
+
 def test_charts_are_built_once_per_version(studio):
     res = studio.start(form(studio))
     assert res.ok

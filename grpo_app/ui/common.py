@@ -10,6 +10,8 @@ import logging
 import gradio as gr
 from gradio.components.plot import PlotData
 
+from ..fileio import hide_server_paths
+
 log = logging.getLogger("grpo_app.ui")
 
 
@@ -60,4 +62,4 @@ def guard(what: str):
 
 def _short(e: Exception) -> str:
     text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    return text[:300]
+    return hide_server_paths(text)[:300]

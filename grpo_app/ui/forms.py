@@ -34,6 +34,7 @@ from ..config import (
     field_bounds,
     read_yaml_file,
 )
+from ..models import model_roots_text
 from ..runs import RUN_ID_RE, resolve_run
 
 STAGE_HEADERS = ["name", "source", "min difficulty", "max difficulty", "steps"]
@@ -183,20 +184,20 @@ def check_model_name(name, roots: list[Path], runs_root: Path | None = None) -> 
         if not p.is_absolute():
             return None, (
                 f"'{name}' is a relative path; give a hub id (owner/name), 'embedded', a run id, or a full folder "
-                f"path under {', '.join(str(r) for r in roots)}."
+                f"path under {model_roots_text()}."
             )
         rp = p.resolve()
         if not _under(rp, roots):
             return (
                 None,
-                f"'{name}' is outside the model folders this app may read ({', '.join(str(r) for r in roots)}).",
+                f"'{name}' is outside the model folders this app may read ({model_roots_text()}).",
             )
         if not rp.is_dir():
             return None, f"folder '{name}' does not exist."
         if (rp / "final" / "config.json").is_file() and not (rp / "config.json").is_file():
             rp = (rp / "final").resolve()
             if not _under(rp, roots):  # a run folder whose final/ links elsewhere
-                return None, f"'{name}' is outside the model folders this app may read."
+                return None, f"'{name}' is outside the model folders this app may read ({model_roots_text()})."
         if not (rp / "config.json").is_file():
             return None, f"folder '{name}' has no config.json; it does not hold a saved model."
         return str(rp), None

@@ -39,6 +39,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..fileio import hide_server_paths
 from . import render
 from .choices import PageChoices
 from .pacing import PollPacer
@@ -185,7 +186,7 @@ class LiveView:
                 body = await run_in_threadpool(answer, request.query_params)  # the view may read the run folder
             except Exception as e:  # noqa: BLE001 - one line to the page, the traceback to the server log
                 log.exception("the live view's %s failed", request.url.path)
-                text = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+                text = hide_server_paths(str(e).strip().splitlines()[0])[:200] if str(e).strip() else type(e).__name__
                 return Response(orjson.dumps({"error": text}), status_code=500, media_type="application/json")
             self.served[name] += 1
             return Response(body, media_type="application/json", headers={"Cache-Control": "no-store"})

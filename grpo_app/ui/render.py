@@ -290,7 +290,9 @@ def event_line(ev: dict) -> str | None:
     if kind == "fisher_done":
         return f"Fisher information of stage {k} estimated from {ev.get('samples')} samples in {float(ev.get('seconds') or 0):.1f} s"
     if kind == "stopped":
-        return f"stopped at step {ev.get('step')}; checkpoint {ev.get('checkpoint') or '?'} saved (Resume continues from it)"
+        if not ev.get("checkpoint"):  # stopped before its first step ended: there is nothing to continue
+            return f"stopped at step {ev.get('step')}, before any step completed: nothing to resume (Start again)"
+        return f"stopped at step {ev.get('step')}; checkpoint {ev.get('checkpoint')} saved (Resume continues from it)"
     if kind == "resumed":
         skipped = ev.get("skipped") if isinstance(ev.get("skipped"), list) else []
         passed = f"; passed over damaged {'; '.join(map(str, skipped[:3]))}" if skipped else ""
