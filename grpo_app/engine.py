@@ -301,7 +301,7 @@ def _fresh_samples(model, tokenizer, problems, cfg: Config, n: int, seed: int):
         seed=seed,
     )
     out = generate_completions(model, tokenizer, prompts, params)
-    return [(p, c) for p, c in zip(prompts, out.completion_ids) if c]
+    return [(p, c) for p, c in zip(prompts, out.trained_ids()) if c]  # as training saw them (end token kept)
 
 
 def prepare_model(cfg: Config, device: str = "auto"):

@@ -21,7 +21,7 @@ forward (so any HF causal LM works: Llama, Qwen2, ...) and replaces only what is
   a '#### <number>' line get its start, "\n####", in place of their EOS and go on sampling: the policy
   writes the number. Those forced tokens were not sampled (see trainer.py, departure 8).
 
-`generate_completions` returns token ids (without EOS), and why each row stopped.
+`generate_completions` returns token ids (without EOS), why each row stopped, and the end token a row sampled.
 """
 
 from __future__ import annotations
@@ -301,10 +301,18 @@ class SamplingParams:
 class GenerationOutput:
     completion_ids: list[list[int]]  # generated ids per row, EOS excluded
     stop_reasons: list[str]  # "eos" | "answer" | "length"
+    # the end token each row sampled (None where it stopped at its answer line or its length): training puts it
+    # back at the end of the completion, as TRL keeps it, so the model learns when to stop (trainer.py, 1)
+    end_tokens: list[int | None] = field(default_factory=list)
     prompt_tokens: int = 0  # tokens actually prefilled (unique prompts)
     generated_tokens: int = 0
     seconds: float = 0.0
     extra: dict = field(default_factory=dict)
+
+    def trained_ids(self) -> list[list[int]]:
+        """Each row's ids as training sees them: the sampled end token kept at the end, as TRL keeps it."""
+        ends = self.end_tokens or [None] * len(self.completion_ids)
+        return [c + [e] if e is not None else list(c) for c, e in zip(self.completion_ids, ends)]
 
 
 def _sample(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> torch.Tensor:
@@ -524,6 +532,7 @@ def generate_completions(
         alive = [True] * n_rows  # per batch row: still generating
         results: list[list[int]] = [[] for _ in range(n_rows)]
         reasons = ["length"] * n_rows
+        end_tokens: list[int | None] = [None] * n_rows
         cur = plen
         generated = 0
         for step in range(params.max_new_tokens):
@@ -551,7 +560,7 @@ def generate_completions(
                         if len(forced_ids) > 1:
                             queue[r] = list(forced_ids[1:])
                     else:
-                        reasons[r], alive[j] = "eos", False
+                        reasons[r], alive[j], end_tokens[r] = "eos", False, t
                         continue
                 results[r].append(t)
                 generated += 1
@@ -600,6 +609,7 @@ def generate_completions(
     return GenerationOutput(
         completion_ids=results,
         stop_reasons=reasons,
+        end_tokens=end_tokens,
         prompt_tokens=sum(len(p) for p in uniq_prompts),
         generated_tokens=generated,
         seconds=time.perf_counter() - t0,

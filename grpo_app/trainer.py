@@ -4,8 +4,12 @@ What differs from `trl.GRPOTrainer` (everything else — rewards, advantages, th
 logging, checkpoints, resume — is TRL's own code):
 
 1. Generation uses `generation.generate_completions` (same model, same sampling distribution:
-   temperature / top-p / top-k; a group's prompt is prefilled once). With `stop_at_answer`, a
-   completion ends when its '#### <number>' line is complete.
+   temperature / top-p / top-k; a group's prompt is prefilled once). A completion that ends with an end
+   token keeps it, as TRL's does (`<= eos_idx`), so the end token is in the loss: the model is trained on
+   when to stop. With `stop_at_answer`, a completion ends when its '#### <number>' line is complete: it
+   has sampled no end token there, so none is trained on (the model is not taught to stop after its answer
+   line, only rewarded for the line), and TRL's `completions/clipped_ratio` counts it as clipped (our
+   `gen/truncated_ratio` counts only those cut by the length budget).
 2. The generation batch is split into micro-batches without shuffling, so each micro-batch holds
    whole groups (needed by 3 and 4).
 3. Log-probabilities: each distinct prompt (but its last token) runs once, its keys/values are
@@ -381,10 +385,12 @@ class CurriculumGRPOTrainer(GRPOTrainer):
         self.gen_totals["completions"] += n
         if self.opts.trim_heap:
             trim_heap()  # the KV cache was just freed
-        for p, c in zip(prompt_ids, out.completion_ids):
+        # 1. the sampled end token goes back at the end of its completion (TRL keeps it: it is trained on)
+        ids = out.trained_ids()
+        for p, c in zip(prompt_ids, ids):
             if c:
                 self.recent_samples.append((list(p), list(c)))
-        return out.completion_ids, None
+        return ids, None
 
     # ---- 2. micro-batches keep whole groups ------------------------------------------------------
     def _prepare_inputs(self, generation_batch):
