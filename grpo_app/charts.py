@@ -374,7 +374,8 @@ def loss_figure(metrics: list[dict], stages: list[dict] | None = None, uirevisio
 
 
 def length_figure(metrics: list[dict], stages: list[dict] | None = None, uirevision=None):
-    """Mean completion length (tokens, left) and the share truncated / stopped at the answer (right)."""
+    """Mean completion length (tokens, left) and the share truncated / stopped at the answer / given the forced
+    answer-line hint (right)."""
     title = "Completion length"
     xs, ys = _series(metrics, "completion_length")
     if not xs:
@@ -386,7 +387,10 @@ def length_figure(metrics: list[dict], stages: list[dict] | None = None, uirevis
         stop = _line(
             fig, *_series(metrics, "stopped_at_answer"), "stopped at '####' (share)", COLORS[2], dash="dot", right=True
         )
-        return cut or stop
+        # trainer.py, departure 8: how many answers the trainer began for the model (none when the option is off)
+        forced = _line(fig, *_series(metrics, "forced_answer_line"), "given the '\\n####' hint (share)", COLORS[4],
+                       dash="dashdot", right=True)
+        return cut or stop or forced
 
     fig, right = _step_figure(metrics, stages, title, "tokens", uirevision, traces, y2title="share of completions")
     if right:

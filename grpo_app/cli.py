@@ -339,7 +339,7 @@ def _one_line(text: str, full: bool, width: int = 150) -> str:
 
 
 def _print_group(entry: dict, full: bool, what: dict | None = None) -> None:
-    from .step_history import correct_count
+    from .step_history import correct_count, forced_span
 
     g = entry["group"]
     right = correct_count(g)
@@ -354,13 +354,21 @@ def _print_group(entry: dict, full: bool, what: dict | None = None) -> None:
             f"{what['group_size']}: mean total {what['mean']:.3f}, std {what['std']:.3f}"
         )
     rows = zip(g.get("completions") or [], g.get("totals") or [], g.get("advantages") or [])
+    hinted = 0
     for i, (comp, total, adv) in enumerate(rows):
         extra = ""
         if what is not None and i < what["group_size"]:
             extra = f"  what-if total {what['totals'][i]:5.2f} adv {what['advantages'][i]:+.2f}"
         elif what is not None:
             extra = "  (left out)" + " " * 25
-        print(f"  {i + 1:>2}. total {total:5.2f}  adv {adv:+.2f}{extra} | {_one_line(comp, full)}")
+        span = forced_span(g, i)
+        if span is not None:  # trainer.py, departure 8: the hint is shown between ✎[ and ]
+            hinted += 1
+            comp = f"{comp[: span[0]]}✎[{comp[span[0]: span[1]]}]{comp[span[1]:]}"
+        print(f"  {i + 1:>2}. total {total:5.2f}  adv {adv:+.2f}{extra} | {'✎ ' if span else ''}{_one_line(comp, full)}")
+    if hinted:
+        print(f"  ✎ {hinted} completion(s) ended without an answer line and got the hint ✎[\\n####] written in place "
+              "of the end token (grpo.force_answer_line); the model wrote the number itself.")
 
 
 def _parse_weights(text: str, known: list[str]) -> dict[str, float]:

@@ -36,6 +36,7 @@ DEFAULT_SYSTEM_PROMPT = (
 
 SOURCES = ("gsm8k", "arithmetic", "gsm_symbolic", "custom")
 MAX_SEED = 2**31 - 1  # seeds feed torch, random and numpy generators; the web form uses the same bound
+FORCED_LOSS = ("train", "mask")
 LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")
 SCALE_REWARDS = ("group", "batch", "none")
 FISHER_SOURCES = ("sampled", "reference")
@@ -367,6 +368,12 @@ class GRPOSettings:
         lo=0.0,
         hi=1.0,
     )
+    force_answer_line_loss: str = _f(
+        "train",
+        "What the loss does with the '\\n####' tokens force_answer_line wrote: train (trained on like the model's "
+        "own tokens, with the answer's advantage) or mask (left out of the loss: the model learns only from the "
+        "tokens it sampled after the hint).",
+    )
     fast_generation: bool = _f(True, "Use the project's CPU sampler instead of HF generate (same model, faster).")
     share_prompt_prefix: bool = _f(
         True, "In the training pass, run each group's prompt once and reuse its keys/values for the G completions."
@@ -446,7 +453,8 @@ class GRPOSettings:
         elif self.force_answer_line > 0 and not self.fast_generation:
             e.append(("force_answer_line", "needs fast_generation: true (HF generate cannot write the line); "
                                            "set one of them."))
-        for name, options in (("loss_type", LOSS_TYPES), ("optimizer", OPTIMIZERS), ("scale_rewards", SCALE_REWARDS)):
+        for name, options in (("loss_type", LOSS_TYPES), ("optimizer", OPTIMIZERS), ("scale_rewards", SCALE_REWARDS),
+                              ("force_answer_line_loss", FORCED_LOSS)):
             if getattr(self, name) not in options:
                 e.append((name, f"{_show(getattr(self, name))} is not one of {', '.join(options)}."))
         return e

@@ -501,6 +501,7 @@ class _Job:
                 skip_zero_advantage=cfg.grpo.skip_zero_advantage,
                 bucket_lengths=cfg.grpo.bucket_lengths,
                 force_answer_line=cfg.grpo.force_answer_line,
+                force_answer_line_loss=cfg.grpo.force_answer_line_loss,
                 top_k=cfg.grpo.top_k,
                 recent_samples=max(cfg.ewc.fisher_samples * 4, 64),
                 optimizer=cfg.grpo.optimizer,

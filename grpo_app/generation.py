@@ -490,6 +490,7 @@ def generate_completions(
     forced_ids = answer_line_start(tokenizer) if params.force_answer_line > 0 else []
     queue: dict[int, list[int]] = {}  # row -> forced tokens still to write
     forced_rows: set[int] = set()  # rows given a line (once each)
+    forced_at: dict[int, list[int]] = {}  # row -> positions in its completion of the tokens written for it
     forced_tokens = 0
 
     # 1. Prefill each distinct prompt once.
@@ -545,6 +546,7 @@ def generate_completions(
                 if r in queue:  # writing a forced answer line: the sampled token is replaced
                     t = toks[j] = queue[r].pop(0)
                     forced_tokens, replaced = forced_tokens + 1, True
+                    forced_at[r].append(len(results[r]))
                     if not queue[r]:
                         del queue[r]
                 elif t in eos_set:
@@ -557,6 +559,7 @@ def generate_completions(
                         forced_rows.add(r)
                         t = toks[j] = forced_ids[0]
                         forced_tokens, replaced = forced_tokens + 1, True
+                        forced_at[r] = [len(results[r])]
                         if len(forced_ids) > 1:
                             queue[r] = list(forced_ids[1:])
                     else:
@@ -613,5 +616,7 @@ def generate_completions(
         prompt_tokens=sum(len(p) for p in uniq_prompts),
         generated_tokens=generated,
         seconds=time.perf_counter() - t0,
-        extra={"forced_rows": sorted(forced_rows), "forced_tokens": forced_tokens} if forced_ids else {},
+        extra={"forced_rows": sorted(forced_rows), "forced_tokens": forced_tokens, "forced_at": forced_at}
+        if forced_ids
+        else {},
     )

@@ -104,3 +104,13 @@ def correct_count(group: dict) -> int | None:
 def as_step(entry: dict) -> dict:
     """A history entry as a one-group step snapshot (what `ui.render.step_html` draws)."""
     return {**{k: v for k, v in entry.items() if k != "group"}, "groups": [entry["group"]]}
+
+
+def forced_span(group: dict, i: int) -> tuple[int, int] | None:
+    """[start, end) in completion `i`'s text of the answer-line hint the trainer wrote for it (trainer.py,
+    departure 8), or None: it sampled every token. Records from before the hint was recorded have no spans."""
+    spans = group.get("forced") or []
+    span = spans[i] if i < len(spans) else None
+    if isinstance(span, (list, tuple)) and len(span) == 2:
+        return int(span[0]), int(span[1])
+    return None

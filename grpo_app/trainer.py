@@ -40,11 +40,15 @@ logging, checkpoints, resume — is TRL's own code):
    The longest stretch it cannot cut is one micro-batch's forward and backward.
 8. With `force_answer_line` > 0 (off by default), that share of the completions that end without a
    '#### <number>' line get "\n####" written in place of their end token and sample on: the policy picks
-   the number. Those forced tokens are trained on as if sampled (TRL's ratio is 1 at the first pass;
-   the sampler's probability of a forced token was 1, not the policy's, so this is off-policy there, as
-   guided rollouts are; no importance weight corrects it). Why: the answer line is a rare event for the
-   embedded model (~1% of sampled answers, docs/experiments.md), and GRPO can only reinforce what is
-   sampled. Compare, Try and exports never force anything: what is measured is what the model learned.
+   the number. With `force_answer_line_loss = "train"` those forced tokens are trained on as if sampled
+   (TRL's ratio is 1 at the first pass; the sampler's probability of a forced token was 1, not the
+   policy's, so this is off-policy there, as guided rollouts are; no importance weight corrects it). With
+   "mask" they are left out of the loss through TRL's own `tool_mask` (as TRL leaves out a tool's output):
+   the completion is scored whole, and only the tokens the model sampled, before and after the hint, are
+   trained. Why force at all: the answer line is a rare event for the embedded model (~1% of sampled
+   answers, docs/experiments.md), and GRPO can only reinforce what is sampled. Forced completions are marked
+   with their span wherever completions are shown (step records: `forced`), and the share is charted.
+   Compare, Try and exports never force anything: what is measured is what the model learned.
 """
 
 from __future__ import annotations
@@ -97,6 +101,7 @@ class EngineOptions:
     bucket_lengths: bool = True  # training pass: completions in buckets of similar length, padding cut (3)
     bucket_overhead: int = 64  # what one more bucket costs, in padded positions (see length_buckets)
     force_answer_line: float = 0.0  # share of line-less endings given "\n####" to finish (8)
+    force_answer_line_loss: str = "train"  # "train" the forced tokens like sampled ones, or "mask" them out (8)
 
 
 def _unwrap_peft(model):
@@ -271,6 +276,8 @@ class CurriculumGRPOTrainer(GRPOTrainer):
         self._staging_dir: str | None = None
         self._ewc_step = -1
         self.gen_totals = {"seconds": 0.0, "tokens": 0, "completions": 0}
+        self._forced_at: list[list[int]] = []  # 8. per row of the last generation: positions of forced tokens
+        self._forced_chars: list[list[int] | None] = []  # 8. per row: [start, end) of the forced span in its text
         super().__init__(*args, **kwargs)
         # The engine reports metrics itself; HF's printer would dump every log dict to stdout.
         from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -378,8 +385,13 @@ class CurriculumGRPOTrainer(GRPOTrainer):
         self._metrics[mode]["gen/completions"].append(n)
         self._metrics[mode]["gen/stopped_at_answer"].append(out.stop_reasons.count("answer") / n)
         self._metrics[mode]["gen/truncated_ratio"].append(out.stop_reasons.count("length") / n)
+        forced = out.extra.get("forced_at") or {}
+        self._forced_at = [list(forced.get(i, ())) for i in range(n)]
+        self._forced_chars = [self._forced_span(out.completion_ids[i], pos) if pos else None
+                              for i, pos in enumerate(self._forced_at)]
         if self.opts.force_answer_line > 0:
             self._metrics[mode]["gen/forced_answer_line"].append(len(out.extra.get("forced_rows", ())) / n)
+            self._metrics[mode]["gen/forced_tokens"].append(float(out.extra.get("forced_tokens", 0)))
         self.gen_totals["seconds"] += out.seconds
         self.gen_totals["tokens"] += out.generated_tokens
         self.gen_totals["completions"] += n
@@ -391,6 +403,28 @@ class CurriculumGRPOTrainer(GRPOTrainer):
             if c:
                 self.recent_samples.append((list(p), list(c)))
         return ids, None
+
+    def _forced_span(self, ids: list[int], positions: list[int]) -> list[int]:
+        """8. Where the forced tokens stand in the completion's text (as TRL decodes it): [start, end)."""
+        dec = self._tokenizer.decode
+        return [len(dec(ids[: positions[0]], skip_special_tokens=True)),
+                len(dec(ids[: positions[-1] + 1], skip_special_tokens=True))]
+
+    def _generate(self, prompts):
+        """8. With force_answer_line_loss = "mask", the forced tokens get 0 in TRL's `tool_mask` (the mask TRL
+        keeps tool output out of the loss with); everything else is TRL's."""
+        self._forced_at = []
+        out = super()._generate(prompts)
+        if self.opts.force_answer_line_loss != "mask" or not any(self._forced_at):
+            return out
+        prompt_ids, completion_ids, tool_mask, *rest = out
+        if len(self._forced_at) != len(completion_ids):  # (not our sampler's rows: nothing to mask)
+            return out
+        tool_mask = [list(m) for m in tool_mask] if tool_mask is not None else [[1] * len(c) for c in completion_ids]
+        for row, positions in enumerate(self._forced_at):
+            for i in positions:
+                tool_mask[row][i] = 0
+        return (prompt_ids, completion_ids, tool_mask, *rest)
 
     # ---- 2. micro-batches keep whole groups ------------------------------------------------------
     def _prepare_inputs(self, generation_batch):
@@ -454,6 +488,8 @@ class CurriculumGRPOTrainer(GRPOTrainer):
                     "mean": mean,
                     "std": std,
                     "advantages": [float(adv[i]) for i in rows],
+                    # 8. per completion: None, or [start, end) of the "\n####" the trainer wrote in its text
+                    "forced": [self._forced_chars[i] if i < len(self._forced_chars) else None for i in rows],
                 }
             )
         try:
@@ -462,6 +498,7 @@ class CurriculumGRPOTrainer(GRPOTrainer):
                     "stage_step": self.state.global_step + 1,
                     "weights": weights,
                     "scale_rewards": self.scale_rewards,  # for advantages.what_if: how the advantages were scaled
+                    "forced_loss": self.opts.force_answer_line_loss if self.opts.force_answer_line > 0 else None,
                     "groups": groups,
                 }
             )
@@ -577,7 +614,6 @@ class CurriculumGRPOTrainer(GRPOTrainer):
             and self.beta == 0.0
             and not getattr(self, "_entropy_bonus_enabled", False)
             and self.loss_type in ("dapo", "grpo", "dr_grpo", "bnpo")
-            and "tool_mask" not in inputs
             and inputs["advantages"].dim() == 1
             # TRL gathers per-row tensors across processes, which needs the same rows on each, and DDP needs
             # every parameter in each backward: with several processes every row is computed.
@@ -603,6 +639,8 @@ class CurriculumGRPOTrainer(GRPOTrainer):
                     loss = loss * (k / n)
                 elif self.loss_type == "bnpo":
                     m = inputs["completion_mask"]
+                    if "tool_mask" in inputs:  # (8, mask: TRL's normalizer counts the tokens in the loss)
+                        m = m * inputs["tool_mask"]
                     loss = loss * (m.index_select(0, idx).sum() / m.sum().clamp(min=1))
         if loss is None:
             loss = super()._compute_loss(model, inputs)

@@ -105,6 +105,12 @@ def test_length_and_throughput_figures():
     fig = charts.length_figure(metrics()).figure()
     assert trace_names(fig) == ["mean length (tokens)", "truncated (share)", "stopped at '####' (share)"]
     assert tuple(fig.layout.yaxis2.range) == (0, 1.05)
+    forced = metrics()
+    for r in forced:
+        r["forced_answer_line"] = 0.25  # trainer.py, departure 8: the share given the answer-line hint
+    fig = charts.length_figure(forced).figure()
+    assert trace_names(fig)[-1] == "given the '\\n####' hint (share)" and fig.data[-1].yaxis == "y2"
+    assert list(fig.data[-1].y) == [0.25] * len(forced)
     fig = charts.throughput_figure(metrics()).figure()
     assert trace_names(fig) == ["tokens/s (whole step)", "tokens/s (generation)", "completions/s"]
 

@@ -175,6 +175,7 @@ def test_forced_answer_line_replaces_the_end_and_the_model_writes_on(tiny_model,
     plain = generate_completions(tiny_model, tokenizer, p * 3, SamplingParams(max_new_tokens=8, temperature=0),
                                  eos_token_ids=[first])
     assert plain.completion_ids == [[]] * 3 and plain.extra == {}
+    assert plain.end_tokens == [first] * 3 and plain.trained_ids() == [[first]] * 3  # training keeps the end token
     # forcing every row: the end becomes "\n####", then the model samples on (greedy) until it ends again
     params = SamplingParams(max_new_tokens=8, temperature=0, stop_at_answer=False, force_answer_line=1.0, seed=3)
     out = generate_completions(tiny_model, tokenizer, p * 3, params, eos_token_ids=[first])
@@ -185,6 +186,7 @@ def test_forced_answer_line_replaces_the_end_and_the_model_writes_on(tiny_model,
         assert ids[: len(start)] == start and ids[len(start):] == free.completion_ids[0]
         assert why == free.stop_reasons[0]
     assert out.extra["forced_rows"] == [0, 1, 2] and out.extra["forced_tokens"] == 3 * len(start)
+    assert out.extra["forced_at"] == {r: list(range(len(start))) for r in range(3)}  # where the hint stands
     # once only: when the token the model writes after the line's start is an end token too, the row ends there
     again = [first, free.completion_ids[0][0]]
     once = generate_completions(tiny_model, tokenizer, p, params, eos_token_ids=again)
@@ -195,6 +197,7 @@ def test_forced_answer_line_replaces_the_end_and_the_model_writes_on(tiny_model,
     b = generate_completions(tiny_model, tokenizer, p * 64, half, eos_token_ids=[first])
     assert a.extra["forced_rows"] == b.extra["forced_rows"] and 16 <= len(a.extra["forced_rows"]) <= 48
     assert all((ids[: len(start)] == start) == (r in a.extra["forced_rows"]) for r, ids in enumerate(a.completion_ids))
+    assert sorted(a.extra["forced_at"]) == a.extra["forced_rows"]
 
 
 def test_a_row_that_already_wrote_its_answer_line_is_not_forced(tiny_model, tokenizer, monkeypatch):

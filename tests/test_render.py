@@ -81,6 +81,32 @@ def test_step_html_shows_the_whole_group_with_advantages():
     assert "rgba(0,158,115" in html and "rgba(213,94,0" in html  # green pushed up, red pushed down
 
 
+def test_forced_hint_is_marked_where_completions_are_shown(capsys):
+    """trainer.py, departure 8: a completion the trainer wrote "\\n####" into is marked, with its span, in the
+    step view, What if and the CLI's `answers`; one that sampled every token is not."""
+    from grpo_app.cli import _print_group
+
+    step = step_snapshot()
+    g = step["groups"][0]
+    g["completions"][3] = f"5 {EVIL}\n#### 5"
+    g["forced"] = [None, None, None, [len(f"5 {EVIL}"), len(f"5 {EVIL}\n####")]]
+    for loss, words in (("train", "trained on like the model's own tokens"), ("mask", "left out of the loss")):
+        html = render.step_html({**step, "forced_loss": loss})
+        assert html.count("✎ hint</span>") == 1 and words in html
+        assert '<mark class="forced"' in html and ">\n####</mark> 5" in html and "<script>" not in html
+        assert "sampled; ✎ = a hint written in" in html
+    plain = render.step_html(step_snapshot())
+    assert "✎" not in plain and "Completion (sampled)" in plain
+    result = {"weights": {"correctness": 1.0}, "rewards": {"correctness": [1, 0, 0, 0]}, "scale_rewards": "group",
+              "group_size": 4, "completions": g["completions"], "totals": [1, 0, 0, 0], "advantages": [1.5, -0.5, -0.5, -0.5],
+              "mean": 0.25, "std": 0.5}
+    wi = render.what_if_html(step, 0, result)
+    assert wi.count('class="forced-tag"') == 1 and "Scoring never forces" in wi
+    _print_group({"step": 7, "stage": 1, "stage_name": "s", "group": g}, full=False)  # (one line per answer)
+    out = capsys.readouterr().out
+    assert "| ✎ 5 " in out and "✎[ ####] 5" in out and "1 completion(s) ended without" in out
+
+
 def test_step_html_zero_std_explains_no_signal_and_clamps_group_index():
     html = render.step_html(step_snapshot(), group=9)  # out of range: the last group
     assert "prompt 2 of 2" in html and "no learning signal" in html

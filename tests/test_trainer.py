@@ -499,3 +499,70 @@ def test_the_sampled_end_token_is_in_the_loss_and_a_completion_of_just_an_end_to
     tr.args.max_steps = 1  # and a whole step of TRL's loop on such completions runs
     tr.train()
     assert tr.state.global_step == 1
+
+
+@pytest.mark.parametrize("mode", ["train", "mask"])
+def test_forced_hint_is_marked_in_the_step_record_and_masked_out_of_the_loss_on_request(tmp_path, tokenizer, mode):
+    """Departure 8: every completion ends at once, gets the hint "\\n####" and ends after one more sampled token.
+    The step record marks the hint's span; with force_answer_line_loss = mask the hint's tokens carry no gradient,
+    checked against log-probs computed here with a plain forward pass."""
+    from grpo_app.generation import answer_line_start
+
+    start = answer_line_start(tokenizer)
+    n = len(start)
+    model = make_tiny(tokenizer)
+    freeze_embeddings(model)
+    tr = make_trainer(tmp_path, model, tokenizer, force_answer_line=1.0, force_answer_line_loss=mode)
+    tr.eos_token_ids = list(range(len(tokenizer)))
+    snaps = []
+    tr.on_group = snaps.append
+    rows = [{"prompt": [{"role": "user", "content": "1+1?"}], "answer": "2", "question": "1+1?"}] * 4
+    out = tr._generate_and_score_completions(rows)
+    ids = out["completion_ids"]
+    assert ids.shape[1] == n + 1 and ids[:, :n].tolist() == [start] * 4
+    if mode == "mask":
+        assert out["tool_mask"].tolist() == [[0] * n + [1]] * 4
+    else:
+        assert "tool_mask" not in out
+    tr._emit_groups(rows)
+    g = snaps[0]["groups"][0]
+    assert snaps[0]["forced_loss"] == mode and len(g["forced"]) == 4
+    assert all(g["completions"][i][a:b] == "\n####" for i, (a, b) in enumerate(g["forced"]))
+
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.25])
+    tr._compute_loss(model, {**out, "advantages": adv}).backward()
+    got = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    p_len = out["prompt_ids"].shape[1]  # the four prompts are one: no padding
+    full = torch.cat([out["prompt_ids"], ids], 1)
+    logp = torch.log_softmax(model(input_ids=full).logits[:, p_len - 1 : -1].float(), -1)
+    logp = logp.gather(-1, ids.unsqueeze(-1)).squeeze(-1)  # [4, n + 1]: the hint's n tokens, then the end token
+    in_loss = torch.tensor([0.0] * n + [1.0]) if mode == "mask" else torch.ones(n + 1)
+    (-(adv[:, None] * logp * in_loss).sum() / (4 * in_loss.sum())).backward()  # dapo: over the tokens in the loss
+    want = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    assert got.keys() == want.keys() and got
+    for name in got:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-6)
+
+
+def test_skipping_zero_advantage_rows_with_a_tool_mask_gives_identical_gradients(tmp_path, tokenizer):
+    """With force_answer_line_loss = mask the loss carries TRL's tool_mask; the skip of zero-advantage rows
+    (departure 4) must still give the full pass's gradients, for bnpo's normalizer too."""
+    pi, pm, ci, cm = batch(tokenizer)
+    tm = torch.ones_like(cm)
+    tm[:, 1:3] = 0
+    inputs = {"prompt_ids": pi, "prompt_mask": pm, "completion_ids": ci, "completion_mask": cm, "tool_mask": tm,
+              "advantages": torch.tensor([0.0, 1.2, -1.2, 0.0, 0.0, 0.7]), "num_items_in_batch": (cm * tm).sum()}
+    for loss_type in ("dapo", "bnpo", "grpo"):
+        grads = []
+        for skip in (True, False):
+            model = make_tiny(tokenizer)
+            freeze_embeddings(model)
+            tr = make_trainer(tmp_path / f"{loss_type}{skip}", model, tokenizer, loss_type=loss_type,
+                              skip_zero_advantage=skip)
+            tr._compute_loss(model, dict(inputs)).backward()
+            grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+            if skip:
+                assert tr._metrics["train"]["skipped_zero_advantage"] == [3 / 6]
+        for name in grads[0]:
+            torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-7)

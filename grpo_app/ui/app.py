@@ -65,6 +65,9 @@ CSS = """
 .gs-table .comp-text { white-space: pre-wrap; font-family: ui-monospace, monospace; font-size: 0.9em;
   max-height: 9em; overflow-y: auto; }
 .gs-foot td { background: #fafafa; }
+mark.forced { background: #f3d9ff; color: #4a136b; outline: 1px dashed #8e44ad; }
+.forced-tag { font-family: system-ui, sans-serif; font-size: 0.8em; color: #6c2a8f; background: #f3e5fa;
+  border-radius: 6px; padding: 0 4px; white-space: nowrap; }
 .gs-note, .gs-empty { color: #444; margin-top: 8px; }
 .wi-head, .ans-head { background: #fff8e6; border-radius: 8px; padding: 8px 12px; margin: 6px 0; }
 .wi-table { margin-top: 8px; }

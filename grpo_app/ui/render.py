@@ -11,7 +11,7 @@ import math
 from html import escape
 
 from ..monitor import fmt_duration
-from ..step_history import correct_count
+from ..step_history import correct_count, forced_span
 
 STATE_COLORS = {
     "running": "#0072B2",
@@ -85,6 +85,29 @@ def _adv_style(a: float) -> str:
     return f"background:rgba({rgb},{alpha:.2f});color:{text}"
 
 
+FORCED_TITLE = "written by the trainer in place of the end token (grpo.force_answer_line), not sampled"
+
+
+def _completion_html(text: str, span: tuple[int, int] | None) -> str:
+    """A completion's text, escaped, with the forced hint (if any) marked."""
+    if span is None:
+        return _e(text) or "<i>(empty)</i>"
+    a, b = span
+    return (f'<span class="forced-tag" title="{FORCED_TITLE}">✎ hint</span> {_e(text[:a])}'
+            f'<mark class="forced" title="{FORCED_TITLE}">{_e(text[a:b])}</mark>{_e(text[b:])}')
+
+
+def forced_note(step: dict, groups: list[dict]) -> str:
+    """One sentence under a step's table when the trainer wrote hints into any of its completions."""
+    n = sum(1 for g in groups for i in range(len(g.get("completions") or [])) if forced_span(g, i))
+    if not n:
+        return ""
+    how = ("left out of the loss (grpo.force_answer_line_loss: mask): the model learns only from the tokens it "
+           "sampled" if step.get("forced_loss") == "mask" else "trained on like the model's own tokens")
+    return (f" ✎ marks a completion that ended without its answer line and was given the hint “\n####” in place of "
+            f"its end token (the model then wrote the number itself); the hint is {how}. Scoring never forces.")
+
+
 def step_html(step: dict | None, group: int = 0) -> str:
     """The classroom view of one GRPO step: a prompt, its G completions, every reward, the total,
     the group's mean and std, and each completion's advantage (green: pushed up, red: pushed down)."""
@@ -117,7 +140,8 @@ def step_html(step: dict | None, group: int = 0) -> str:
         cells = "".join(f'<td class="num">{_fmt(g["rewards"][k][i], 2)}</td>' for k in names)
         adv = float(g["advantages"][i]) if i < len(g.get("advantages", [])) else 0.0
         rows.append(
-            f'<tr><td class="num">{i + 1}</td><td class="comp"><div class="comp-text">{_e(comp) or "<i>(empty)</i>"}</div></td>'
+            f'<tr><td class="num">{i + 1}</td><td class="comp"><div class="comp-text">'
+            f"{_completion_html(comp, forced_span(g, i))}</div></td>"
             f'{cells}<td class="num total">{_fmt(g["totals"][i], 2)}</td>'
             f'<td class="num adv" style="{_adv_style(adv)}">{adv:+.2f}</td></tr>'
         )
@@ -126,8 +150,10 @@ def step_html(step: dict | None, group: int = 0) -> str:
         f'<tr class="gs-foot"><td></td><td>group mean <b>{_fmt(mean, 3)}</b> · std <b>{_fmt(std, 3)}</b></td>'
         f'<td colspan="{len(names)}"></td><td class="num">{_fmt(mean, 2)}</td><td></td></tr>'
     )
+    hinted = forced_note(step, [g])
     table = (
-        '<table class="gs-table"><thead><tr><th>#</th><th>Completion (sampled)</th>'
+        '<table class="gs-table"><thead><tr><th>#</th>'
+        f"<th>Completion ({'sampled; ✎ = a hint written in' if hinted else 'sampled'})</th>"
         f"{ths}<th>Total</th><th>Advantage</th></tr></thead><tbody>{''.join(rows)}{foot}</tbody></table>"
     )
     if std is not None and std < 1e-9:
@@ -140,7 +166,7 @@ def step_html(step: dict | None, group: int = 0) -> str:
             "Advantage ≈ (total − group mean) / group std. Green completions are made more likely, red ones "
             "less likely; the further from 0, the stronger the push. The model is only compared with itself."
         )
-    return f'<div class="gs">{head}{q}{table}<div class="gs-note">{note}</div></div>'
+    return f'<div class="gs">{head}{q}{table}<div class="gs-note">{note}{hinted}</div></div>'
 
 
 def group_choices(step: dict | None) -> list[tuple[str, int]]:
@@ -190,8 +216,9 @@ def what_if_html(step: dict | None, group: int, result: dict | None, error: str 
         ra = float(rec_adv[i]) if i < len(rec_adv) else 0.0
         wa = float(result["advantages"][i])
         cells = "".join(f'<td class="num">{_fmt(result["rewards"][k][i], 2)}</td>' for k in names)
+        tag = f'<span class="forced-tag" title="{FORCED_TITLE}">✎</span> ' if forced_span(recorded, i) else ""
         rows.append(
-            f'<tr><td class="num">{i + 1}</td><td class="comp"><div class="wi-comp">{_e(short) or "<i>(empty)</i>"}'
+            f'<tr><td class="num">{i + 1}</td><td class="comp"><div class="wi-comp">{tag}{_e(short) or "<i>(empty)</i>"}'
             f'</div></td>{cells}<td class="num total">{_fmt(result["totals"][i], 2)}</td>'
             f'<td class="num adv" style="{_adv_style(ra)}">{ra:+.2f}</td>'
             f'<td class="num adv wi-adv" style="{_adv_style(wa)}">{wa:+.2f}</td></tr>'
@@ -206,7 +233,8 @@ def what_if_html(step: dict | None, group: int, result: dict | None, error: str 
         f"{ths}<th>Total</th><th>Recorded advantage</th><th>What-if advantage</th></tr></thead>"
         f"<tbody>{''.join(rows)}{foot}</tbody></table>"
     )
-    return f'<div class="wi">{head}{table}</div>'
+    hinted = forced_note(step, [recorded])
+    return f'<div class="wi">{head}{table}' + (f'<div class="gs-note">{hinted.strip()}</div>' if hinted else "") + "</div>"
 
 
 def answers_problem_html(history: list[dict], pos: int) -> str:
