@@ -184,7 +184,14 @@ def markdown(result: dict) -> str:
 def main() -> None:
     from bench.common import machine
     from grpo_app.config import load_config
-    from grpo_app.evaluation import CompareSpec, EvalSettings, gsm8k_test_leak, paired, training_questions
+    from grpo_app.evaluation import (
+        CompareSpec,
+        EvalSettings,
+        gsm8k_test_leak,
+        overlap_with_training,
+        paired,
+        training_questions,
+    )
     from grpo_app.runs import RunDir, runs_root
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -292,7 +299,10 @@ def main() -> None:
             }
         result["eval"][set_name] = {m: brief(r["summary"]) for m, r in recs.items()}
         result["eval"][set_name]["origin"] = origin
-        result["eval"][set_name]["overlap_with_training"] = sum(1 for p in probs if p.question in exclude)
+        # checked against what each run's steps trained on (commuted terms count), not only the pools drawn again
+        checks = [overlap_with_training(RunDir(Path(v["run"])), [p.question for p in probs], pools=exclude)
+                  for v in trained.values()]
+        result["eval"][set_name]["overlap_with_training"] = max((c["in_training"] for c in checks), default=0)
         if set_name == "GSM8K test" and origin.startswith("GSM8K"):  # trained on GSM8K test stories? (Compare's note)
             leaks = {m: gsm8k_test_leak(RunDir(Path(v["run"]))) for m, v in trained.items()}
             if any(leaks.values()):

@@ -122,7 +122,14 @@ def main() -> None:
 
     from grpo_app import engine
     from grpo_app.config import load_config
-    from grpo_app.evaluation import CompareSpec, evaluate, load_for_eval, paired, training_questions
+    from grpo_app.evaluation import (
+        CompareSpec,
+        evaluate,
+        load_for_eval,
+        overlap_with_training,
+        paired,
+        training_questions,
+    )
     from grpo_app.manager import RunManager
     from grpo_app.runs import runs_root
 
@@ -228,7 +235,9 @@ def main() -> None:
         "base": brief(base),
         "base_with_hint": brief(base_hinted),
         "sets": {name: {"n": len(probs), "origin": origin,
-                        "overlap_with_training": sum(p.question in exclude for p in probs)}
+                        # against what the run's steps trained on too; commuted terms count (issue 46)
+                        "overlap_with_training": overlap_with_training(run, [p.question for p in probs],
+                                                                       pools=exclude)["in_training"]}
                  for name, (probs, _, origin, _) in sets.items()},
         "points": points,
         "first_point_meeting_goal_s": first["train_seconds"] if first else None,

@@ -284,7 +284,9 @@ def cmd_compare(args) -> int:
     print(f"{res['origin']}, n={h['n']}{' (cached)' if res.get('cached') else ''}{reused}")
     ov = res.get("overlap_with_training")
     if ov:
-        print(f"checked: {ov['in_training']} of these {ov['n']} problems occur in the run's training pools")
+        commuted = f" ({ov['commuted']} with their terms in another order)" if ov.get("commuted") else ""
+        print(f"checked: {ov['in_training']} of these {ov['n']} problems were trained on{commuted} "
+              f"(against {ov.get('checked_against') or 'the training pools'})")
     if res.get("not_held_out"):
         print(f"not held out: {res['not_held_out']}")
     print(f"base     {_fmt_pct(h['base_accuracy'], h['base_ci'])}   format {_fmt_pct(h['base_format'])}")

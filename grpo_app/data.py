@@ -15,6 +15,7 @@ import json
 import math
 import os
 import random
+import re
 import socket
 import threading
 import time
@@ -430,6 +431,49 @@ def stage_pool(stage, data_cfg, seed: int, split: str = "train") -> StagePool:
     raise DataError(f"unknown source {source!r}")
 
 
+_EXPR = re.compile(r"(?<![\w)])-?[(\d][\d\s+\-*/().]*[\d)]")
+_TOKENS = re.compile(r"\d+(?:\.\d+)?|[+\-*/()]")
+
+
+def _canonical_expression(expr: str) -> str | None:
+    """The same sum or product whatever the order of its terms: '94 - 83 + 8' and '8 + 94 - 83' give one key;
+    None for an expression with parentheses, a division, or a mix of +/- and * (left as written)."""
+    toks = _TOKENS.findall(expr)
+    if "(" in toks or "/" in toks:
+        return None
+    terms, sign, want_operand, binary = [], 1, True, set()
+    for t in toks:
+        if t in "+-*":
+            if want_operand:  # a unary sign
+                if t == "*":
+                    return None
+                sign = -sign if t == "-" else sign
+            else:
+                binary.add(t)
+                sign = -1 if t == "-" else 1
+                want_operand = True
+        else:
+            terms.append(("-" if sign < 0 else "") + t)
+            sign, want_operand = 1, False
+    if len(terms) < 2 or not binary or ("*" in binary and binary != {"*"}):
+        return None
+    kind = "product" if binary == {"*"} else "sum"
+    return f"{kind}({','.join(sorted(terms))})"
+
+
+def question_key(question: str) -> str:
+    """A question as held-out checks compare it: whitespace folded, and an arithmetic expression in it (the
+    longest one) put in a canonical order, so 'Calculate 12 + 7.' and 'Calculate 7 + 12.' are one problem
+    (a commuted duplicate counts as seen in training)."""
+    text = " ".join(str(question).split())
+    best = max(_EXPR.finditer(text), key=lambda m: len(m.group()), default=None)
+    if best is not None:
+        canon = _canonical_expression(best.group())
+        if canon is not None:
+            return text[: best.start()] + canon + text[best.end():]
+    return text
+
+
 HELDOUT_SEED_OFFSET = 1_000_003  # reasoning-gym derives item i from seed + i: keep far from training seeds
 
 
@@ -437,9 +481,10 @@ def heldout_pool(stage, data_cfg, n: int, seed: int, exclude_questions: set[str]
     """`n` problems like the stage's, never in its training pool.
 
     GSM8K: the test split. Generated tasks: a seed far from any training seed, then any question
-    that also appears in `exclude_questions` (the training pool) is dropped — checked, not assumed.
+    that also appears in `exclude_questions` (the training pool), as written or with its terms in another order
+    (`question_key`), is dropped, and so is a repeat within the set.
     """
-    exclude = exclude_questions or set()
+    exclude = {question_key(q) for q in exclude_questions or ()}
     if stage.source == "gsm8k":
         try:
             probs, origin = load_gsm8k("test", data_cfg)
@@ -454,13 +499,14 @@ def heldout_pool(stage, data_cfg, n: int, seed: int, exclude_questions: set[str]
     st = copy(stage)
     if st.source == "gsm8k":
         st.source = "gsm_symbolic"
-    st.num_problems = n * 2 + 16
+    st.num_problems = n * 4 + 32  # (item i depends on seed + i only: more candidates keep the same first ones)
     pool = stage_pool(st, data_cfg, seed + HELDOUT_SEED_OFFSET)
     seen, kept = set(), []
     for p in pool.problems:
-        if p.question in exclude or p.question in seen:
+        key = question_key(p.question)
+        if key in exclude or key in seen:
             continue
-        seen.add(p.question)
+        seen.add(key)
         kept.append(p)
     origin = f"held-out {pool.origin}"
     if pool.source == "gsm_symbolic":  # (new questions; the stories are the same templates a stage trains on)

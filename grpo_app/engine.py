@@ -469,7 +469,12 @@ class _Job:
         box: dict = {}
 
         def on_group(snap):
-            reporter.step({**snap, "stage": k, "stage_name": stage.name, "step": offset + snap["stage_step"]})
+            step = offset + snap["stage_step"]
+            try:  # what this step trained on, complete (held-out sets are checked against it; steps.jsonl is thinned)
+                run.append_trained(step, k, [(g.get("problem_id", ""), g.get("question", "")) for g in snap["groups"]])
+            except OSError:  # a full disk must not stop training here; the check then also reads the pools
+                pass
+            reporter.step({**snap, "stage": k, "stage_name": stage.name, "step": step})
 
         def checkpoint_hook(folder: Path, tr):
             atomic_write_json(

@@ -585,6 +585,31 @@ def training_questions(cfg) -> set[str]:
     return seen
 
 
+def overlap_with_training(run, questions: list[str], pools: set[str] | None = None) -> dict:
+    """How many of `questions` the run trained on, as written or with their terms in another order
+    (`data.question_key`): checked against the problems its steps actually trained on (the run folder's
+    trained_problems.jsonl, complete) and against its stage pools drawn again (`pools`, or drawn here), so a
+    held-out set picked with the pools is still checked against what training really saw."""
+    from .data import question_key
+
+    recorded = run.trained_questions() if run is not None else None
+    if pools is None:
+        pools = training_questions(run.config()) if run is not None else set()
+    seen = set(pools) | (recorded or set())
+    keys = {question_key(q) for q in seen}
+    exact = [q for q in questions if q in seen]
+    commuted = [q for q in questions if q not in seen and question_key(q) in keys]
+    return {
+        "n": len(questions),
+        "in_training": len(exact) + len(commuted),
+        "exact": len(exact),
+        "commuted": len(commuted),
+        "examples": (exact + commuted)[:3],
+        "checked_against": "the problems its steps trained on and its stage pools" if recorded is not None
+        else "its stage pools, drawn again (the run has no record of the problems its steps trained on)",
+    }
+
+
 def gsm8k_test_leak(run) -> str:
     """Why a GSM8K test score of `run` is not held out ('' when it is): a stage of the run trained on
     gsm_symbolic problems, the offline stand-in for GSM8K, whose templates are GSM8K test questions
@@ -782,9 +807,9 @@ def run_compare(spec: CompareSpec, report=None, should_stop=None, restrict_paths
         restrict_paths=restrict_paths,
         exclude_questions=exclude,
     )
-    if exclude is not None:  # checked, not assumed
+    if exclude is not None:  # checked, not assumed: against what the steps really trained on too
         qs = [r["question"] for r in result["base"]["records"]]
-        result["overlap_with_training"] = {"n": len(qs), "in_training": sum(q in exclude for q in qs)}
+        result["overlap_with_training"] = overlap_with_training(spec.run, qs, pools=exclude)
     mark_not_held_out(spec, result)
     if spec.run is not None:
         save_compare(result, spec.run.eval_dir / f"{spec.name}.json")

@@ -12,6 +12,8 @@ A run folder `models/runs/<run_id>/` holds:
                        step of its older half (the first step and the newer half stay whole), so early training
                        becomes sparser but every step kept is complete; the latest step is always kept.
                        A re-done step (after a resume) replaces the earlier line of the same step when read.
+  trained_problems.jsonl   the problems each step trained on (step, stage, [id, question] per prompt), one line
+                       per step and process, never thinned: what held-out sets are checked against (issue 46)
   checkpoints/stage-K/checkpoint-N/   resumable (model, optimizer, RNG, engine_state.json, COMPLETE)
   ewc/stage-K/         Fisher + anchor after stage K
   final/               the trained model, loadable with from_pretrained
@@ -84,6 +86,7 @@ class RunDir:
     memory_path = property(lambda self: self.path / "memory.jsonl")
     step_path = property(lambda self: self.path / "latest_step.json")
     steps_path = property(lambda self: self.path / "steps.jsonl")
+    trained_path = property(lambda self: self.path / "trained_problems.jsonl")
     checkpoints_dir = property(lambda self: self.path / "checkpoints")
     ewc_dir = property(lambda self: self.path / "ewc")
     final_dir = property(lambda self: self.path / "final")
@@ -195,6 +198,23 @@ class RunDir:
             return
         if size > max_bytes:
             self._thin_steps(max_bytes)
+
+    def append_trained(self, step: int, stage: int, problems: list[tuple[str, str]]) -> None:
+        """Record that `step` (of stage `stage`) trained on `problems` ([(id, question)]): complete, never thinned."""
+        append_jsonl(self.trained_path, {"step": int(step), "stage": int(stage),
+                                         "problems": [[str(i), str(q)] for i, q in problems]})
+
+    def trained_questions(self) -> set[str] | None:
+        """Every question a step of this run trained on, or None when the run has no record of them (a run from
+        before the record, or one that never finished a step's sampling)."""
+        if not self.trained_path.is_file():
+            return None
+        out: set[str] = set()
+        for rec in read_jsonl(self.trained_path):
+            for item in rec.get("problems") or []:
+                if isinstance(item, list) and len(item) == 2 and isinstance(item[1], str):
+                    out.add(item[1])
+        return out
 
     def _thin_steps(self, max_bytes: int) -> None:
         lines = [json.dumps(clean_json(r)) + "\n" for r in self.steps()]

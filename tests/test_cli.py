@@ -48,7 +48,7 @@ def test_cli_train_eval_and_runs_on_tiny_model(tmp_path):
     c = cli("compare", "--run", run_id, "--stage", "1", "--n", "4", "--max-new-tokens", "8", env=env)
     assert c.returncode == 0, c.stderr[-2000:]
     assert "held-out problems like stage 1 (s1)" in c.stdout and f"vs run {run_id}" in c.stdout
-    assert "checked: 0 of these 4 problems occur in the run's training pools" in c.stdout
+    assert "checked: 0 of these 4 problems were trained on (against the problems its steps trained on and its stage pools)" in c.stdout
     assert str(tmp_path) not in c.stdout  # run ids, not server folders
     saved = list((tmp_path / run_id / "eval").glob("stage1-s1-n4-seed0.*"))
     assert sorted(p.suffix for p in saved) == [".csv", ".json"]

@@ -285,3 +285,20 @@ def test_the_gsm8k_preset_trains_on_the_teachable_problems_the_ceiling_found():
     assert set(ids) == teachable and len(ids) == stage.num_problems == 122
     pool = stage_pool(stage, cfg.data, seed=cfg.data.seed)
     assert sorted(p.id for p in pool.problems) == sorted(ids)
+
+
+@pytest.mark.parametrize("a, b, same", [
+    ("Calculate 12 + 7.", "Calculate 7 + 12.", True),  # commuted sum
+    ("Calculate 88 + 94 - 83.", "Calculate 94 - 83 + 88.", True),  # signed terms in another order
+    ("Calculate 9 - 4.", "Calculate -4 + 9.", True),
+    ("Calculate 9 - 4.", "Calculate 4 - 9.", False),  # not a reordering: another value
+    ("Calculate 5 * 3.", "Calculate 3 * 5.", True),  # commuted product
+    ("Calculate 3 * 4 + 2.", "Calculate 2 + 4 * 3.", False),  # mixed operators are left as written
+    ("Calculate ( -9 * 8 ).", "Calculate ( 8 * -9 ).", False),  # parentheses too
+    ("Calculate  12 +  7.", "Calculate 12 + 7.", True),  # whitespace
+    ("Sam has 3 apples and 4 pears.", "Sam has 4 apples and 3 pears.", False),  # words: no expression
+])
+def test_question_key_folds_commuted_terms(a, b, same):
+    from grpo_app.data import question_key
+
+    assert (question_key(a) == question_key(b)) is same

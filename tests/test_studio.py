@@ -117,6 +117,27 @@ def test_charts_are_built_once_per_version(studio):
     assert '"uirevision":"' + res.run_id in first["reward"].replace(" ", "")
 
 
+def test_a_run_records_every_problem_each_step_trained_on(studio):
+    """Issue 46, 4: trained_problems.jsonl has one line per step with the problems of its groups, complete (the
+    held-out check reads it; steps.jsonl may be thinned)."""
+    from grpo_app.fileio import read_jsonl
+
+    res = studio.start(form(studio))
+    assert res.ok
+    assert wait(lambda: not studio.manager.active)
+    run = studio.manager.current_run
+    lines = read_jsonl(run.trained_path)
+    cfg = run.config()
+    assert [r["step"] for r in lines] == list(range(1, cfg.total_steps + 1))
+    assert [r["stage"] for r in lines] == [k for k, st in enumerate(cfg.stages) for _ in range(st.steps)]
+    steps = {r["step"]: r for r in run.steps()}
+    for r in lines:
+        assert len(r["problems"]) == cfg.grpo.prompts_per_step
+        assert [q for _, q in r["problems"]] == [g["question"] for g in steps[r["step"]]["groups"]]
+        assert all(i.startswith("arith-") for i, _ in r["problems"])
+    assert run.trained_questions() == {q for r in lines for _, q in r["problems"]}
+
+
 def test_view_cache_ttl_and_invalidate(tmp_path):
     mgr = RunManager(tmp_path / "runs")
     cache = ViewCache(mgr, ttl=60)

@@ -88,7 +88,17 @@ def test_build_app_names_every_action(tmp_path):
                 "origin": "x",
                 "overlap_with_training": {"n": 5, "in_training": 0},
             },
-            "Checked: none of these 5 problems occurs in the run's training pools.",
+            "Checked: none of these 5 problems occurs in the run's training pools, not even with its terms in another order.",
+        ),
+        (
+            {
+                "what": "held-out problems like stage 1 (add)",
+                "origin": "x",
+                "overlap_with_training": {"n": 5, "in_training": 2, "commuted": 1,
+                                          "checked_against": "the problems its steps trained on and its stage pools"},
+            },
+            "2 of these 5 problems were also trained on (1 with their terms in another order): checked against the "
+            "problems its steps trained on and its stage pools.",
         ),
     ],
 )

@@ -59,10 +59,14 @@ def result_note(result: dict) -> str:
         parts.append(result["not_held_out"])
     ov = result.get("overlap_with_training")
     if isinstance(ov, dict) and "in_training" in ov:
+        against = ov.get("checked_against") or "the run's training pools"
         if ov["in_training"]:
-            parts.append(f"{ov['in_training']} of these {ov['n']} problems also occur in the run's training pools.")
+            commuted = f" ({ov['commuted']} with their terms in another order)" if ov.get("commuted") else ""
+            parts.append(f"{ov['in_training']} of these {ov['n']} problems were also trained on{commuted}: checked "
+                         f"against {against}.")
         else:
-            parts.append(f"Checked: none of these {ov['n']} problems occurs in the run's training pools.")
+            parts.append(f"Checked: none of these {ov['n']} problems occurs in {against}, not even with its terms "
+                         "in another order.")
     return " ".join(parts)
 
 
