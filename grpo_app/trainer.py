@@ -27,9 +27,10 @@ logging, checkpoints, resume — is TRL's own code):
    the loss and its gradient; its forward/backward is skipped and the loss is rescaled so the
    result is identical (dapo needs no rescale: its normalizer counts the whole generation batch).
    Single process only: TRL gathers per-row tensors across processes, which needs equal row counts.
-5. The EWC penalty lambda/2 * sum F (theta - theta*)^2 is added to the loss once per optimizer
-   step and logged as `ewc_penalty`. With `ewc_after_clip` (the default) its gradient is added to
-   the parameters' gradients after clipping, just before the optimizer step.
+5. The EWC penalty lambda/2 * sum F (theta - theta*)^2 (lambda: the config's `ewc.lam`) is added to the
+   loss once per optimizer step and logged as `ewc_penalty`. Its gradient is added to the parameters'
+   gradients after clipping, just before the optimizer step (`ewc_after_clip` here, set from the config's
+   `ewc.clip_penalty: false`, the default); with `ewc.clip_penalty: true` it is clipped with the rest.
 6. Checkpoints are written to a staging folder and renamed into place when complete.
 7. A stop asked inside a step (`should_abort`) abandons that step: checked between decode steps of the
    sampling, after it, and before each micro-batch's forward/backward, it raises `StepAborted` out of
