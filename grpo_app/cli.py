@@ -161,6 +161,51 @@ def cmd_train(args) -> int:
     return _finish(run, status)
 
 
+def _compare_matrix(args) -> int:
+    """`compare --run ID --matrix`: after each stage, its model on held-out problems of every stage's task."""
+    from .fileio import atomic_write_json
+    from .models import ModelError
+    from .stage_matrix import MatrixError, stage_matrix, summary_sentence
+
+    try:
+        if not args.run:
+            raise ValueError("--matrix needs --run RUN_ID (the stages are that run's).")
+        if args.stage is not None or args.trained or args.pass_k:
+            raise ValueError("--matrix scores every stage's model on every stage's task: leave out --stage, "
+                             "--trained and --pass-k.")
+        from .manager import RunManager
+        from .runs import runs_root
+
+        run = RunManager(args.runs_dir or runs_root()).get(args.run)
+        m = stage_matrix(run, n=args.n, seed=args.seed, max_new_tokens=args.max_new_tokens,
+                         progress=lambda text: print(f"\r{text}    ", end="", flush=True))
+    except (ValueError, ModelError, MatrixError) as e:
+        print(f"\nCannot compute the matrix: {e}", file=sys.stderr)
+        return 2
+    print()
+    atomic_write_json(run.eval_dir / f"matrix-n{args.n}-seed{args.seed}.json", m)
+    ewc = f"EWC on, lambda {m['ewc']['lam']:g}" if m["ewc"]["enabled"] else "EWC off"
+    print(f"Stage x task matrix of run {run.id} ({ewc}); {m['n']} held-out problems per task, greedy")
+    width = max(12, *(len(t["name"]) + 4 for t in m["tasks"]))
+    print(f"{'model':<22}" + "".join(f"{f'task {j + 1} ' + t['name']:>{width + 14}}" for j, t in enumerate(m["tasks"])))
+
+    def cell(c):
+        text = f"{100 * c['accuracy']:.1f}% [{100 * c['ci'][0]:.0f}-{100 * c['ci'][1]:.0f}]"
+        if "vs_before" in c:
+            v = c["vs_before"]
+            text += f" {100 * v['delta']:+.1f} p={v['p_value']:.2g}"
+        return f"{text:>{width + 14}}"
+
+    print(f"{'base':<22}" + "".join(cell(c) for c in m["base"]))
+    for k, row in enumerate(m["rows"]):
+        print(f"{f'after stage {k + 1} ' + m['stages'][k]:<22}"[:22].ljust(22) + "".join(cell(c) for c in row))
+    print("(each cell: accuracy [95% interval], change against the row above and its exact McNemar p)")
+    for t in m["tasks"]:
+        print(f"task {t['stage'] + 1}: {t['origin']}")
+    print(summary_sentence(m))
+    return 0
+
+
 def _finish(run, status: str) -> int:
     st = run.read_status()
     print(f"Run {run.id}: {status}" + (f" ({st.get('error')})" if st.get("error") else ""))
@@ -240,6 +285,8 @@ def cmd_compare(args) -> int:
     from .evaluation import CompareSpec, headline, run_compare
     from .models import ModelError
 
+    if args.matrix:
+        return _compare_matrix(args)
     try:
         if args.run:
             from .manager import RunManager
@@ -600,6 +647,8 @@ def build_parser() -> argparse.ArgumentParser:
                 type=int,
                 help="with --run: held-out problems like the run's stage K (1 = first); none it trained on",
             )
+            e.add_argument("--matrix", action="store_true",
+                           help="with --run: the stage x task matrix, each stage's model on every stage's held-out task")
             e.add_argument("--runs-dir", default=None)
             e.add_argument("--pass-k", type=int, default=0, help="sample K answers per problem: pass@1..K (0: off)")
             e.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for --pass-k")

@@ -344,6 +344,20 @@ def save_final(model, tokenizer, run: RunDir, info: dict) -> Path:
     return run.final_dir
 
 
+def save_stage_end(model, run: RunDir, k: int) -> Path:
+    """The trainable weights as stage k ended (float32), for the stage x task matrix of a run without EWC.
+    Written under a temporary name and renamed, so a reader never sees half a file."""
+    from safetensors.torch import save_file
+
+    path = run.stage_ends_dir / f"stage-{k}.safetensors"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    weights = {n: p.detach().float().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+    save_file(weights, str(tmp), metadata={"stage": str(k)})
+    os.replace(tmp, path)
+    return path
+
+
 def load_checkpoint_weights(model, folder: Path) -> None:
     """Load the trained weights of a checkpoint folder into `model` (full or LoRA)."""
     from safetensors.torch import load_file
@@ -639,6 +653,8 @@ def train(cfg: Config, run: RunDir, reporter=None, resume: bool = False) -> str:
             return "stopped"
         offset += cfg.stages[k].steps
         reporter.event("stage_end", stage=k, name=cfg.stages[k].name, step=offset)
+        if job.ewc is None and k < n_stages - 1 and distributed.is_main():
+            save_stage_end(job.model, run, k)  # (with EWC the anchor keeps them; the last stage's are final/)
         if job.ewc is not None and k < n_stages - 1:
             finished = job.consolidate(k, pool, recent)
             if not finished or distributed.any_true(reporter.should_stop()):  # asked during the Fisher pass

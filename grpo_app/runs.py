@@ -16,6 +16,8 @@ A run folder `models/runs/<run_id>/` holds:
                        per step and process, never thinned: what held-out sets are checked against (issue 46)
   checkpoints/stage-K/checkpoint-N/   resumable (model, optimizer, RNG, engine_state.json, COMPLETE)
   ewc/stage-K/         Fisher + anchor after stage K
+  stage_ends/stage-K.safetensors   (runs without EWC) the trainable weights as stage K ended; with EWC the
+                       anchor in ewc/stage-K is the same thing, and final/ is the last stage's (stage matrix)
   final/               the trained model, loadable with from_pretrained
   eval/                evaluation results (JSON + CSV)
 
@@ -91,6 +93,22 @@ class RunDir:
     ewc_dir = property(lambda self: self.path / "ewc")
     final_dir = property(lambda self: self.path / "final")
     eval_dir = property(lambda self: self.path / "eval")
+    stage_ends_dir = property(lambda self: self.path / "stage_ends")
+
+    def stage_end_weights(self, k: int) -> tuple[str, Path] | None:
+        """Where the weights the run had when its stage k ended are: ("anchor", ewc.safetensors) — the EWC
+        anchor, its trainable weights — or ("weights", stage_ends/stage-K.safetensors) for a run without EWC,
+        or ("final", final/) for the last stage; None when the run has not (yet) kept them."""
+        n = len(self.config().stages)
+        if k == n - 1 and self.has_final_model():
+            return "final", self.final_dir
+        own = self.stage_ends_dir / f"stage-{k}.safetensors"
+        if own.is_file():
+            return "weights", own
+        anchor = self.ewc_dir / f"stage-{k}" / "ewc.safetensors"
+        if anchor.is_file():
+            return "anchor", anchor
+        return None
 
     @classmethod
     def create(cls, root: Path, cfg: Config) -> RunDir:

@@ -1,0 +1,111 @@
+"""The stage x task matrix (issue 42): the weights each stage ended with are kept, and the matrix scores them."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from grpo_app.config import load_config
+from grpo_app.manager import RunManager
+from grpo_app.stage_matrix import MatrixError, stage_matrix, summary_sentence
+
+from .conftest import wait_until
+
+
+def _train(root, ewc: bool):
+    cfg = load_config("tests/configs/tiny.yaml", [f"ewc.enabled={str(ewc).lower()}", "run.eval_n=0", "run.keep_checkpoints=10"])
+    manager = RunManager(root)
+    run = manager.start(cfg)
+    assert wait_until(lambda: not manager.active, 300, every=0.2)
+    assert run.read_status()["status"] == "completed", run.read_status()
+    return run
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    import os
+
+    from grpo_app.models import cache_root
+
+    os.environ.setdefault("GRPO_APP_CACHE_DIR", str(cache_root()))
+    root = tmp_path_factory.mktemp("matrix-runs")
+    return {"ewc": _train(root / "ewc", True), "plain": _train(root / "plain", False)}
+
+
+def _stage_end_checkpoint(run, k):
+    """The trainable weights in the checkpoint written when stage k's last step ended (an independent copy)."""
+    steps = run.config().stages[k].steps
+    return load_file(str(run.checkpoints_dir / f"stage-{k}" / f"checkpoint-{steps}" / "model.safetensors"))
+
+
+@pytest.mark.parametrize("which", ["ewc", "plain"])
+def test_each_stage_end_keeps_the_weights_it_ended_with(runs, which):
+    run = runs[which]
+    kind, path = run.stage_end_weights(0)
+    assert kind == ("anchor" if which == "ewc" else "weights")
+    kept = load_file(str(path))
+    if kind == "anchor":
+        kept = {k.split("::", 1)[1]: t for k, t in kept.items() if k.startswith("anchor::")}
+    ck = _stage_end_checkpoint(run, 0)
+    assert kept and set(kept) <= set(ck)
+    for name, t in kept.items():
+        assert torch.equal(t, ck[name].float()), name
+    assert run.stage_end_weights(1) == ("final", run.final_dir)
+    assert (run.stage_ends_dir.is_dir()) is (which == "plain")  # with EWC the anchor is the copy
+
+
+def test_the_matrix_scores_every_stage_model_on_every_task(runs):
+    from grpo_app.evaluation import CompareSpec, evaluate, load_for_eval
+
+    run = runs["plain"]
+    m = stage_matrix(run, n=6, seed=0, max_new_tokens=8)
+    assert m["stages"] == ["s1", "s2"] and [t["n"] for t in m["tasks"]] == [6, 6]
+    assert len(m["rows"]) == 2 and all(len(r) == 2 for r in m["rows"]) and len(m["base"]) == 2
+    # the last row is the final model's own scores on the same problems, scored here independently
+    model, tok, _ = load_for_eval(str(run.final_dir))
+    for j in range(2):
+        spec = CompareSpec.for_run(run, f"stage:{j}", 6, 0, max_new_tokens=8)
+        probs, _ = spec.problems()
+        direct = evaluate(model, tok, probs, spec.settings)["records"]
+        assert m["rows"][1][j]["correct"] == sum(r["correct"] for r in direct)
+    acc = [[c["accuracy"] for c in row] for row in m["rows"]]
+    base = [c["accuracy"] for c in m["base"]]
+    assert m["backward_transfer"] == pytest.approx(acc[1][0] - acc[0][0])
+    assert m["forward_transfer"] == pytest.approx(acc[0][1] - base[1])
+    assert m["plasticity"] == pytest.approx([acc[0][0] - base[0], acc[1][1] - acc[0][1]])
+    for k, row in enumerate(m["rows"]):
+        for j, cell in enumerate(row):
+            before = m["rows"][k - 1][j] if k else m["base"][j]
+            assert cell["vs_before"]["delta"] == pytest.approx(cell["accuracy"] - before["accuracy"])
+            assert 0 <= cell["ci"][0] <= cell["accuracy"] <= cell["ci"][1] <= 1
+    text = summary_sentence(m)
+    assert "plasticity" in text and "Backward transfer" in text and "Forward transfer" in text
+
+
+def test_a_run_without_stage_end_weights_is_refused_with_a_reason(runs, tmp_path):
+    from grpo_app.runs import RunDir
+
+    unfinished = RunDir.create(tmp_path, load_config("tests/configs/tiny.yaml", ["ewc.enabled=false"]))
+    with pytest.raises(MatrixError, match="no weights for the end of stage 1, 2"):
+        stage_matrix(unfinished, n=4)
+
+
+def test_cli_compare_matrix_prints_the_table_and_saves_it(runs, capsys):
+    import json
+
+    from grpo_app.cli import main
+
+    run = runs["ewc"]
+    root = str(run.path.parent)
+    assert main(["compare", "--run", run.id, "--matrix", "--n", "4", "--max-new-tokens", "8", "--runs-dir", root]) == 0
+    out = capsys.readouterr().out
+    assert f"Stage x task matrix of run {run.id} (EWC on, lambda 1000)" in out
+    lines = out.splitlines()
+    assert any(ln.startswith("base ") for ln in lines) and sum(ln.startswith("after stage ") for ln in lines) == 2
+    assert "Backward transfer" in out and "p=" in out
+    saved = json.loads((run.eval_dir / "matrix-n4-seed0.json").read_text())
+    assert len(saved["rows"]) == 2 and saved["ewc"]["enabled"] is True
+    for argv, words in ((["--matrix", "--run", run.id, "--stage", "1"], "leave out --stage"),
+                        (["--matrix"], "--matrix needs --run")):
+        assert main(["compare", *argv, "--runs-dir", root]) == 2
+        err = capsys.readouterr().err
+        assert words in err and "Traceback" not in err
