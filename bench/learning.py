@@ -13,6 +13,8 @@ held-out problems of each stage's task and on GSM8K test, paired (prints JSON, w
 * Forgetting: the model as it was at the end of stage 1 (base + the stage-1 anchor saved by the EWC
   run; stage 1 is the same in both variants) is scored on the generated stage tasks too, and paired
   with each final model ('after_stage1', 'paired.forgetting').
+* `--matrix N`: each run's stage x task matrix (grpo_app/stage_matrix.py: every stage-end model on N held-out
+  problems of every stage's task, paired with the model before it; backward and forward transfer).
 * Scoring: greedy decoding, the same answer reader as the rewards; 'accuracy' reads the '####'
   answer or else the last number; 'format' = last line is '#### <number>'. Intervals: 95% Wilson.
   Base vs trained: exact McNemar on the same problems.
@@ -220,6 +222,8 @@ def main() -> None:
     ap.add_argument("--out", default="assets/learning.json")
     ap.add_argument("--tag", default="", help="added to the run names (learning-TAG-ewc), e.g. for runs side by side")
     ap.add_argument("--eval-batch", type=int, default=32, help="problems per generation batch when scoring")
+    ap.add_argument("--matrix", type=int, default=0, metavar="N",
+                    help="also the stage x task matrix of every trained run, N held-out problems per task (0 = off)")
     a = ap.parse_args()
     # Checked before any training, so a typo does not fail after the runs are done.
     from grpo_app.config import RUN_NAME_RE
@@ -321,6 +325,15 @@ def main() -> None:
             if m in models:
                 result["eval"][set_name][m].pop("n", None)
         result["eval"][set_name]["n"] = len(probs)
+
+    if a.matrix:  # after stage k x task j, for each run (issue 42): grpo_app.stage_matrix, as the CLI and the app
+        from grpo_app.stage_matrix import stage_matrix, summary_sentence
+
+        result["matrix"] = {}
+        for m, v in trained.items():
+            print(f"# matrix of {m}", file=sys.stderr, flush=True)
+            result["matrix"][m] = stage_matrix(RunDir(Path(v["run"])), n=a.matrix, seed=a.eval_seed)
+            result["matrix"][m]["summary"] = summary_sentence(result["matrix"][m])
 
     out = ROOT / a.out if not Path(a.out).is_absolute() else Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)

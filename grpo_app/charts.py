@@ -555,3 +555,62 @@ def passk_figure(result: dict, uirevision=None):
         xaxis=dict(tickmode="linear", dtick=1 if pk["k"] <= 16 else 4),
     )
     return fig
+
+
+# ------------------------------------------------------------------------------------------------
+# The stage x task matrix (grpo_app/stage_matrix.py)
+# ------------------------------------------------------------------------------------------------
+def matrix_figure(matrices: list[tuple[str, dict]]) -> Chart:
+    """One heatmap per (title, matrix) side by side: rows 'base' and 'after stage k', columns the stage tasks;
+    each cell's accuracy, with its 95% interval and its change against the row above (exact McNemar p) on hover."""
+    fig = Chart()
+    n = max(1, len(matrices))
+    gap = 0.08
+    width = (1 - gap * (n - 1)) / n
+    for i, (title, m) in enumerate(matrices):
+        tasks = [f"task {t['stage'] + 1}: {t['name']}" for t in m["tasks"]]
+        rows = [("base", m["base"]), *((f"after stage {k + 1}: {name}", row) for k, (name, row)
+                                      in enumerate(zip(m["stages"], m["rows"])))]
+        z, text, hover = [], [], []
+        for label, cells in rows:
+            z.append([100 * c["accuracy"] for c in cells])
+            text.append([f"{100 * c['accuracy']:.0f}%" for c in cells])
+            line = []
+            for task, c in zip(tasks, cells):
+                h = (f"{label}<br>{task}<br>{100 * c['accuracy']:.1f}% [{100 * c['ci'][0]:.1f}%, "
+                     f"{100 * c['ci'][1]:.1f}%] of {c['n']}")
+                if "vs_before" in c:
+                    v = c["vs_before"]
+                    h += f"<br>{100 * v['delta']:+.1f} points vs the row above (p = {v['p_value']:.2g})"
+                line.append(h)
+            hover.append(line)
+        axis = "" if i == 0 else str(i + 1)
+        fig.add_trace(
+            "heatmap",
+            z=z,
+            x=tasks,
+            y=[label for label, _ in rows],
+            text=text,
+            texttemplate="%{text}",
+            customdata=hover,
+            hovertemplate="%{customdata}<extra></extra>",
+            zmin=0,
+            zmax=100,
+            colorscale="Blues",
+            reversescale=True,  # (Plotly's Blues runs dark to light: more right answers, darker)
+            showscale=i == n - 1,
+            colorbar=dict(title="accuracy %") if i == n - 1 else None,
+            xaxis=f"x{axis}",
+            yaxis=f"y{axis}",
+        )
+        lo = i * (width + gap)
+        fig.update_layout(**{
+            f"xaxis{axis}": dict(domain=[lo, lo + width], side="top"),
+            f"yaxis{axis}": dict(autorange="reversed", anchor=f"x{axis}", showticklabels=i == 0),
+        })
+        head, _, rest = title.partition(" (")  # the run id in bold, what it is below it
+        fig.add_annotation(text=f"<b>{head}</b>" + (f"<br>({rest}" if rest else ""), x=lo + width / 2, y=-0.05,
+                           yanchor="top", xref="paper", yref="paper", showarrow=False, font=dict(size=13))
+    fig.update_layout(template="plotly_white", font=FONT, height=120 + 70 * (len(matrices[0][1]["rows"]) + 1)
+                      if matrices else HEIGHT, margin=dict(l=10, r=10, t=80, b=70))
+    return fig

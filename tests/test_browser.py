@@ -139,6 +139,43 @@ def test_compare_and_try(page, server, shots):
     page.screenshot(path=str(shots / "screenshot_try.png"), full_page=True)
 
 
+def test_stage_task_matrix_beside_a_run_without_ewc(page, server, shots):
+    """Issue 42: two short runs, with and without EWC; the Compare tab draws both runs' stage x task matrices
+    side by side, with intervals on hover and the transfer sentences under them."""
+    client = server.client()
+    ids = {}
+    for ewc in (True, False):
+        wait_idle(client)
+        msg = client.predict(
+            *start_args(preset="tiny-short", completion_length=16, ewc=ewc, run_name=f"matrix-{'ewc' if ewc else 'plain'}",
+                        stages=stages(["s1", "arithmetic", 1, 1, 2], ["s2", "arithmetic", 2, 2, 2])),
+            api_name="/start",
+        )[0]
+        ids[ewc] = msg.split("**")[1]
+        wait_for(lambda i=ids[ewc]: (s := status(client))["run_id"] == i and s["state"] == "completed", 300,
+                 what="a short run to complete")
+    page.reload()
+    page.wait_for_selector("#start-btn")
+    page.get_by_role("tab", name="Compare").click()
+    page.fill("#compare-run input", ids[True])
+    page.press("#compare-run input", "Enter")
+    page.fill("#matrix-other input", ids[False])
+    page.press("#matrix-other input", "Enter")
+    page.fill("#matrix-n input", "4")
+    page.press("#matrix-n input", "Tab")
+    page.click("#matrix-btn")
+    page.wait_for_selector("#matrix-note >> text=Backward transfer")
+    traces = page.evaluate(
+        """() => { const el = document.querySelector('#matrix-plot .js-plotly-plot');
+                   return el && el.data ? el.data.map(t => [t.type, t.y.length, t.x.length, t.customdata[1][0]]) : []; }"""
+    )
+    assert [t[:3] for t in traces] == [["heatmap", 3, 2], ["heatmap", 3, 2]], traces  # base + 2 stages x 2 tasks
+    assert all("% [" in t[3] and "vs the row above" in t[3] for t in traces)  # interval and paired change on hover
+    note = page.inner_text("#matrix-note")
+    assert f"{ids[True]} (EWC λ" in note and f"{ids[False]} (no EWC)" in note and "plasticity" in note
+    page.screenshot(path=str(shots / "screenshot_matrix.png"), full_page=True)
+
+
 def test_runs_and_system(page, server, shots):
     import psutil
 

@@ -293,3 +293,21 @@ def test_chart_layout_updates_merge_like_plotly():
     assert fig.layout.yaxis == ref.layout.yaxis and fig.layout.title.text is None is ref.layout.title.text
     with pytest.raises(ValueError):  # what the plain dicts do not check, the validated figure does
         charts.Chart().add_trace("scatter", x=[1], colour="red").figure()
+
+
+def test_matrix_figure_draws_one_heatmap_per_run_with_intervals_on_hover():
+    cell = {"accuracy": 0.5, "ci": [0.4, 0.6], "n": 10, "correct": 5, "format_rate": 1.0,
+            "vs_before": {"delta": 0.3, "p_value": 0.0123, "only_before": 0, "only_after": 3}}
+    base = {"accuracy": 0.2, "ci": [0.1, 0.3], "n": 10, "correct": 2, "format_rate": 0.0}
+    m = {"tasks": [{"stage": 0, "name": "add"}, {"stage": 1, "name": "sub"}], "stages": ["add", "sub"],
+         "base": [base, base], "rows": [[cell, cell], [cell, cell]]}
+    chart = charts.matrix_figure([("run-a (EWC λ 1000)", m), ("run-b (no EWC)", m)])
+    fig = chart.figure()  # Plotly accepts every property
+    assert [t.type for t in fig.data] == ["heatmap", "heatmap"]
+    assert list(fig.data[0].y) == ["base", "after stage 1: add", "after stage 2: sub"]
+    assert [list(r) for r in fig.data[0].z] == [[20.0, 20.0], [50.0, 50.0], [50.0, 50.0]]
+    assert fig.data[1].xaxis == "x2" and fig.layout.xaxis2.domain[0] > fig.layout.xaxis.domain[1]
+    hover = fig.data[0].customdata[1][0]
+    assert "50.0% [40.0%, 60.0%] of 10" in hover and "+30.0 points vs the row above (p = 0.012)" in hover
+    assert "vs the row above" not in fig.data[0].customdata[0][0]  # the base row has nothing above it
+    assert {a.text.split("<br>")[0] for a in fig.layout.annotations} == {"<b>run-a</b>", "<b>run-b</b>"}

@@ -16,7 +16,7 @@ from .conftest import ROOT
 def test_learning_bench_runs_the_ablation_on_a_tiny_model(tmp_path):
     out = tmp_path / "learning.json"
     cmd = [sys.executable, str(ROOT / "bench" / "learning.py"), "--config", "tests/configs/tiny.yaml", "--ablation",
-           "--n", "12", "--gsm8k-n", "6", "--out", str(out), "--tag", "t1", "--eval-batch", "5",
+           "--n", "12", "--gsm8k-n", "6", "--out", str(out), "--tag", "t1", "--eval-batch", "5", "--matrix", "4",
            "--set", f"run.output_dir={tmp_path / 'runs'}", "--set", "run.save_every=0"]
     env = dict(os.environ, CHROMIUM="/nonexistent")  # the PNG is optional; the JSON and HTML are the record
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
@@ -36,6 +36,11 @@ def test_learning_bench_runs_the_ablation_on_a_tiny_model(tmp_path):
         assert {"ewc_vs_base", "ewc_vs_base_strict", "noewc_vs_base", "ewc_vs_noewc"} <= set(res["paired"][name])
     assert set(res["after_stage1"]) == {"stage 1: s1", "stage 2: s2"}  # not GSM8K: scored for stage tasks only
     assert set(res["paired"]["forgetting"]["stage 1: s1"]) == {"ewc", "noewc"}
+    # the stage x task matrix of each run (issue 42): 2 stage models x 2 tasks, EWC and not
+    assert set(res["matrix"]) == {"ewc", "noewc"}
+    for m, mat in res["matrix"].items():
+        assert len(mat["rows"]) == 2 and all(len(r) == 2 and r[0]["n"] == 4 for r in mat["rows"])
+        assert mat["ewc"]["enabled"] is (m == "ewc") and "Backward transfer" in mat["summary"]
     runs = {k: v["run"] for k, v in res["runs"].items()}
     assert runs["ewc"].endswith("-learning-t1-ewc") and runs["noewc"].endswith("-learning-t1-noewc")
     ewc_cfg = (tmp_path / "runs" / os.path.basename(runs["ewc"]) / "config.yaml").read_text()

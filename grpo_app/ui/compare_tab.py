@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from ..charts import passk_figure
+from ..charts import matrix_figure, passk_figure
 from ..evaluation import compare_csv
 from ..exports import write_text_export
 from ..jobs import DONE, QueueFullError
@@ -243,11 +243,71 @@ def create_compare_tab(studio: Studio) -> CompareTab:
         on_cancel, [job_id], [job_id, progress_view], cancels=[event], api_name="compare_cancel", concurrency_limit=None
     )
 
-    def refresh(current):
-        ids = studio.run_ids(with_model=True)
-        return gr.update(choices=ids, value=current if current in ids else (ids[0] if ids else None))
+    matrix_other = _create_matrix_section(studio, run, seed)
 
-    return CompareTab(refresh_fn=refresh, refresh_inputs=[run], refresh_outputs=[run])
+    def refresh(current, other):
+        ids = studio.run_ids(with_model=True)
+        return (gr.update(choices=ids, value=current if current in ids else (ids[0] if ids else None)),
+                gr.update(choices=["", *ids], value=other if other in ids else ""))
+
+    return CompareTab(refresh_fn=refresh, refresh_inputs=[run, matrix_other], refresh_outputs=[run, matrix_other])
+
+
+def _create_matrix_section(studio: Studio, run, seed):
+    """The stage x task matrix of the picked run (issue 42), beside a second run's (e.g. without EWC). Returns the
+    second run's dropdown (the tab's refresh fills it)."""
+    gr.Markdown(
+        "### Stage × task matrix: what each stage taught, and what it kept\n"
+        "The run's model as each stage ended, on held-out problems of **every** stage's task (greedy, never "
+        "forced). Read a row to see what a stage changed; the diagonal is **plasticity** (each stage learns its own "
+        "skill), the cells left of it are **stability** (does the model keep the earlier skills?). Hover a cell "
+        "for its 95% interval and its change against the row above (exact McNemar p). Pick a second run beside it, "
+        "e.g. the same preset with EWC off, to see forgetting and protection side by side."
+    )
+    with gr.Row(equal_height=False):
+        other = gr.Dropdown(["", *studio.run_ids(with_model=True)], value="", label="Beside it (optional): another run",
+                            allow_custom_value=True, elem_id="matrix-other")
+        n = gr.Number(50, label=f"N problems per task (1–{studio.limits.max_eval_n})", precision=None,
+                      elem_id="matrix-n")
+        go = gr.Button("Stage × task matrix", variant="secondary", elem_id="matrix-btn")
+    progress_view = gr.HTML(elem_id="matrix-progress")
+    heatmap = gr.Plot(show_label=False, elem_id="matrix-plot")
+    note = gr.HTML(elem_id="matrix-note")
+
+    @guard("compute the stage x task matrix")
+    def on_matrix(run_id, other_id, n_problems, seed_value, request: gr.Request):
+        skip = gr.skip()
+        watcher = getattr(request, "session_hash", None) if request is not None else None
+        try:
+            job = studio.submit_matrix(run_id, other_id, n_problems, seed_value, watcher=watcher)
+        except FormError as e:
+            yield _errors_html(e.errors), skip, skip
+            return
+        except QueueFullError as e:
+            yield _errors_html([("queue", f"The evaluation queue is full: {e}")]), skip, skip
+            return
+        last = None
+        while True:
+            job = studio.evals.get(job.id, watcher=watcher) or job
+            html = render.job_progress_html(job.snapshot(), studio.evals.position(job), studio.manager.active)
+            if job.finished:
+                break
+            if html != last:
+                yield html, skip, skip
+                last = html
+            time.sleep(0.5)
+        if job.status != DONE:
+            yield render.job_progress_html(job.snapshot()), skip, skip
+            return
+        found = job.result["runs"]
+        titles = [(f"{rid} ({'EWC λ ' + format(m['ewc']['lam'], 'g') if m['ewc']['enabled'] else 'no EWC'})", m)
+                  for rid, m in found]
+        yield (render.job_progress_html(job.snapshot()), plot(matrix_figure(titles).to_json()),
+               render.matrix_note_html(titles))
+
+    go.click(on_matrix, [run, other, n, seed], [progress_view, heatmap, note], api_name="matrix",
+             concurrency_id="compare", concurrency_limit=8, show_progress="minimal")
+    return other
 
 
 def _passk_update(figure_json):

@@ -596,3 +596,17 @@ def system_md(info: dict, loaded: list[dict] | None = None, run_model: dict | No
     lines.append(f"| Platform | {info.get('platform', '')} |")
     lines.append("| Versions | " + ", ".join(f"{k} {val}" for k, val in v.items()) + " |")
     return "\n".join(lines)
+
+
+def matrix_note_html(titled: list[tuple[str, dict]]) -> str:
+    """Under the stage x task heatmaps: where each task's problems come from, and for each run its plasticity,
+    backward and forward transfer in a sentence (stage_matrix.summary_sentence)."""
+    from ..stage_matrix import summary_sentence
+
+    if not titled:
+        return ""
+    tasks = titled[0][1]["tasks"]
+    origin = "".join(f"<li>task {t['stage'] + 1} ({_e(t['name'])}): {t['n']} problems, {_e(t['origin'])}</li>"
+                     for t in tasks)
+    runs = "".join(f"<p><b>{_e(title)}.</b> {_e(summary_sentence(m))}</p>" for title, m in titled)
+    return f'<div class="matrix-note">{runs}<ul>{origin}</ul></div>'

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import json
 import logging
 import os
 import threading
@@ -449,6 +450,47 @@ class Studio:
             return run_compare(spec, report, should_stop)
 
         return self.evals.submit(work, label=spec.label(), key=spec.key(), watcher=watcher)
+
+    # ---- the stage x task matrix (Compare tab) ----------------------------------------------------
+    def submit_matrix(self, run_id, other_id, n, seed, watcher: str | None = None):
+        """Queue the stage x task matrix of a run (and of a second run beside it, e.g. the same preset without
+        EWC); returns the Job, whose result is {"runs": [(run id, matrix), ...]}. FormError on bad input."""
+        from ..stage_matrix import MatrixError, stage_matrix
+
+        errors: list = []
+        n = forms.parse_int(n, "n", "N (problems per task)", errors, 1, self.limits.max_eval_n)
+        seed = forms.parse_int(seed, "seed", "seed", errors, 0, forms.MAX_SEED)
+        runs = []
+        for role, rid in (("run", run_id), ("other", other_id)):
+            if role == "other" and (not isinstance(rid, str) or not rid.strip() or rid == run_id):
+                continue
+            try:
+                runs.append(self.run_with_model(rid))
+            except FormError as e:
+                errors += [(role, f"{'beside it: ' if role == 'other' else ''}{msg}") for _, msg in e.errors]
+        for run in runs:
+            missing = [k + 1 for k in range(len(run.config().stages)) if run.stage_end_weights(k) is None]
+            if missing:
+                errors.append(("run", f"run '{run.id}' kept no weights for the end of stage "
+                                      f"{', '.join(map(str, missing))} (trained before the matrix, without EWC)."))
+        if errors:
+            raise FormError(errors)
+
+        def work(report, should_stop):
+            out = []
+            for i, run in enumerate(runs):
+                def say(text, i=i, run=run):
+                    report(phase=f"run {i + 1} of {len(runs)} ({run.id}): {text}")
+
+                try:
+                    out.append((run.id, stage_matrix(run, n=n, seed=seed, progress=say, should_stop=should_stop)))
+                except MatrixError as e:
+                    raise ValueError(str(e)) from None
+            return {"runs": out}
+
+        key = json.dumps(["matrix", [r.id for r in runs], n, seed])
+        return self.evals.submit(work, label=f"stage x task matrix of {' and '.join(r.id for r in runs)}", key=key,
+                                 watcher=watcher)
 
     # ---- the Try tab ----------------------------------------------------------------------------
     def try_models(self, mode, run_id, base, trained) -> dict:
