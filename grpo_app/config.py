@@ -14,6 +14,7 @@ import difflib
 import math
 import os
 import re
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -270,6 +271,19 @@ class StageConfig:
         "E.g. gsm8k_teachable.txt: the 122 train problems the embedded model answered right in 1 to 15 of 16 "
         "samples (bench/gsm8k_solvable.py). Scoring still uses the test split. Empty = draw by difficulty.",
     )
+    # Per-stage settings (issue 42): empty (null) = the run's value
+    learning_rate: float | None = _f(
+        None, "This stage's learning rate (e.g. higher for a stage that must learn a new skill). Empty = "
+        "grpo.learning_rate.", lo=1e-8, hi=1.0,
+    )
+    ewc_lam: float | None = _f(
+        None, "This stage's EWC λ (how strongly it keeps what earlier stages taught; 0 = not at all). Empty = "
+        "ewc.lam.", lo=0.0, hi=1e9,
+    )
+    reward_weights: dict = _f(
+        {}, "This stage's reward weights, e.g. {correctness: 1.0, strict_format: 0.1}: rewards of rewards.weights "
+        "re-weighted for this stage (a reward left out keeps its run weight). Empty = rewards.weights.",
+    )
 
     def check(self, cfg: Config, check_paths: bool = True) -> list[tuple[str, str]]:
         e = []
@@ -301,6 +315,16 @@ class StageConfig:
                     read_problem_ids(self.problem_ids)
                 except ConfigError as err:
                     e.extend(err.errors)
+        for name in ("learning_rate", "ewc_lam"):
+            value, (lo, hi) = getattr(self, name), field_bounds(StageConfig, name)
+            if value is not None and not lo <= value <= hi:
+                e.append((name, f"must lie in {lo:g}..{hi:g} (got {value:g}), or be left empty for the run's value."))
+        for rname, weight in (self.reward_weights or {}).items():
+            if rname not in (cfg.rewards.weights or {}):
+                e.append(("reward_weights", f"{_show(rname)} is not among rewards.weights; add it there (weight 0 "
+                                            "if other stages should not use it) to weight it in a stage."))
+            elif isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+                e.append((f"reward_weights.{rname}", f"weight must be a number, got {_show(weight)}."))
         pps = cfg.grpo.prompts_per_step
         if self.num_problems < pps:
             e.append(("num_problems", f"({self.num_problems}) is smaller than grpo.prompts_per_step ({pps}); raise it."))
@@ -656,12 +680,18 @@ def _cut(text: str, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+_UNSET = object()  # an empty value of an optional setting ('float | None'): the run's value is used
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
 
 
 def _coerce(value: Any, typ: Any, path: str, errors: list) -> Any:
-    """Check/convert one scalar or container value against a simple annotation."""
+    """Check/convert one scalar or container value against a simple annotation ('float | None': empty = None)."""
+    if isinstance(typ, types.UnionType) or typing.get_origin(typ) is typing.Union:
+        inner = [t for t in typing.get_args(typ) if t is not type(None)]
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return _UNSET
+        return _coerce(value, inner[0], path, errors)
     if isinstance(typ, str):
         typ = {"str": str, "int": int, "float": float, "bool": bool, "list": list, "dict": dict}.get(typ, typ)
     if typ is bool:
@@ -745,7 +775,9 @@ def _build_section(cls, data: Any, path: str, errors: list):
             continue
         f = fmap[key]
         v = _coerce(value, hints[f.name], f"{path}.{f.name}", errors)
-        if v is not None:
+        if v is _UNSET:
+            setattr(obj, f.name, None)
+        elif v is not None:
             setattr(obj, f.name, v)
     return obj
 

@@ -130,7 +130,7 @@ def grpo_args(cfg: Config, stage_index: int, output_dir: Path, device: str, run_
         num_generations=g.num_generations,
         max_completion_length=g.max_completion_length,
         max_steps=stage.steps,
-        learning_rate=g.learning_rate,
+        learning_rate=stage.learning_rate if stage.learning_rate is not None else g.learning_rate,  # (per stage)
         lr_scheduler_type=g.lr_scheduler,
         warmup_steps=g.warmup_steps,
         weight_decay=g.weight_decay,
@@ -162,6 +162,13 @@ def grpo_args(cfg: Config, stage_index: int, output_dir: Path, device: str, run_
         shuffle_dataset=True,
         optim="adamw_torch",
     )
+
+
+def stage_reward_weights(cfg: Config, k: int, names: list[str]) -> list[float]:
+    """The weights of the reward functions `names` in stage k: the stage's own `reward_weights` where it names
+    one, else rewards.weights."""
+    own = cfg.stages[k].reward_weights or {}
+    return [float(own.get(n, cfg.rewards.weights[n])) for n in names]
 
 
 def _cuda_bf16() -> bool:
@@ -392,7 +399,11 @@ class _Job:
         self.model = self.tok = self.spec = None
         self.device: torch.device | None = None  # the model's, once loaded
         self.ewc: EWCState | None = None
-        self.rewards, self.weights = build_rewards(cfg.rewards.weights)
+        # every reward some stage weights (a stage may give weight to one the run leaves at 0)
+        used = {n: 1.0 for n, w in cfg.rewards.weights.items()
+                if float(w) != 0.0 or any(float(st.reward_weights.get(n, 0.0)) != 0.0 for st in cfg.stages)}
+        self.rewards, _ = build_rewards(used)
+        self.reward_names = list(used)
 
     def ewc_offload(self) -> bool:
         """`ewc.offload` saves CPU memory; on a GPU the state stays in the GPU's memory next to the weights
@@ -461,6 +472,8 @@ class _Job:
         cfg, run, reporter = self.cfg, self.run, self.reporter
         stage = cfg.stages[k]
         pool = stage_pool(stage, cfg.data, seed=cfg.data.seed + k)
+        if self.ewc is not None:  # this stage's lambda (stage.ewc_lam; empty = ewc.lam)
+            self.ewc.lam = float(stage.ewc_lam if stage.ewc_lam is not None else cfg.ewc.lam)
         active_ewc = self.ewc if (self.ewc is not None and self.ewc.active) else None
         args = grpo_args(cfg, k, run.checkpoints_dir / f"stage-{k}", device, run_name=f"{run.id}-stage{k + 1}")
         reporter.event(
@@ -531,7 +544,7 @@ class _Job:
             should_abort=reporter.should_stop if in_step else None,
             on_activity=lambda act: _activity(reporter, step_activity(act, offset, in_step)),
         )
-        trainer.reward_weights = torch.tensor(self.weights, dtype=torch.float32)
+        trainer.reward_weights = torch.tensor(stage_reward_weights(cfg, k, self.reward_names), dtype=torch.float32)
         if "tensorboard" in args.report_to:  # one TensorBoard run per stage, inside the run folder
             from transformers.integrations import TensorBoardCallback
 

@@ -252,3 +252,41 @@ def test_float_settings_must_be_finite(override):
 def test_seeds_out_of_range_are_refused_before_any_model_loads(override):
     errs = errors_of([override])
     assert any(p == override.split("=")[0] and "between 0 and 2147483647" in m for p, m in errs), errs
+
+
+def test_per_stage_settings_default_to_the_run_and_are_checked():
+    """Issue 42, goal 3: a stage's learning rate, EWC λ and reward weights; empty = the run's value."""
+    from grpo_app.config import ConfigError, load_config
+    from grpo_app.engine import grpo_args, stage_reward_weights
+
+    cfg = load_config("tests/configs/tiny.yaml", ["stages[1].learning_rate=5e-5", "stages[1].ewc_lam=0",
+                                                   "stages[1].reward_weights={correctness: 2.0}",
+                                                   "stages[0].learning_rate="])
+    assert cfg.stages[0].learning_rate is None and cfg.stages[1].learning_rate == 5e-5
+    assert cfg.stages[0].ewc_lam is None and cfg.stages[1].ewc_lam == 0.0
+    assert grpo_args(cfg, 0, "/tmp/x", "cpu").learning_rate == cfg.grpo.learning_rate
+    assert grpo_args(cfg, 1, "/tmp/x", "cpu").learning_rate == 5e-5
+    names = list(cfg.rewards.weights)  # correctness, has_number
+    assert stage_reward_weights(cfg, 0, names) == [1.0, 1.0] and stage_reward_weights(cfg, 1, names) == [2.0, 1.0]
+    again = load_config("tests/configs/tiny.yaml", [])  # the YAML round trip keeps them (null = the run's)
+    assert again.stages[0].learning_rate is None
+    back = load_config_text(cfg.to_yaml())
+    assert back.stages[1].learning_rate == 5e-5 and back.stages[0].ewc_lam is None
+    assert back.stages[1].reward_weights == {"correctness": 2.0}
+    for override, field_path, words in (
+        ("stages[1].learning_rate=2", "stages[1].learning_rate", "must lie in"),
+        ("stages[1].ewc_lam=-1", "stages[1].ewc_lam", "must lie in"),
+        ("stages[1].reward_weights={brevity: 1}", "stages[1].reward_weights", "is not among rewards.weights"),
+        ("stages[1].learning_rate=fast", "stages[1].learning_rate", "expected a number"),
+    ):
+        with pytest.raises(ConfigError) as err:
+            load_config("tests/configs/tiny.yaml", [override])
+        assert any(p == field_path and words in m for p, m in err.value.errors), err.value.errors
+
+
+def load_config_text(text):
+    import yaml
+
+    from grpo_app.config import config_from_dict
+
+    return config_from_dict(yaml.safe_load(text))

@@ -109,3 +109,23 @@ def test_cli_compare_matrix_prints_the_table_and_saves_it(runs, capsys):
         assert main(["compare", *argv, "--runs-dir", root]) == 2
         err = capsys.readouterr().err
         assert words in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("lam", [None, 0])
+def test_a_stage_trains_with_its_own_ewc_lambda(tmp_path, monkeypatch, varied_reward, lam):
+    """Issue 42, goal 3: stage 2's ewc_lam (empty = ewc.lam, 1000 here) is the λ its penalty uses; 0 = none."""
+    from grpo_app.models import cache_root
+
+    monkeypatch.setenv("GRPO_APP_CACHE_DIR", str(cache_root()))
+    over = ["run.eval_n=0", "run.save_every=0", "stages[1].learning_rate=0.002",
+            "rewards.weights={correctness: 1.0, text_length: 1.0}"]  # rewards that differ: the weights move
+    if lam is not None:
+        over.append(f"stages[1].ewc_lam={lam}")
+    manager = RunManager(tmp_path)
+    run = manager.start(load_config("tests/configs/tiny.yaml", over))
+    assert wait_until(lambda: not manager.active, 300, every=0.2)
+    stage2 = [m for m in run.metrics() if m["stage"] == 1]
+    assert len(stage2) == 2
+    penalties = [m["ewc_penalty"] for m in stage2]
+    assert all(p > 0 for p in penalties[1:]) if lam is None else all(p == 0 for p in penalties), penalties
+    assert "stages:\n" in run.config_path.read_text() and run.config().stages[1].learning_rate == 0.002
