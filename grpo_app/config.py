@@ -280,6 +280,10 @@ class StageConfig:
         None, "This stage's EWC λ (how strongly it keeps what earlier stages taught; 0 = not at all). Empty = "
         "ewc.lam.", lo=0.0, hi=1e9,
     )
+    replay: float = _f(
+        0.0, "Share (0-0.9) of this stage's training problems replaced by problems of the earlier stages' pools "
+        "(replay, the usual continual-learning baseline beside EWC). 0 = none.", lo=0.0, hi=0.9,
+    )
     reward_weights: dict = _f(
         {}, "This stage's reward weights, e.g. {correctness: 1.0, strict_format: 0.1}: rewards of rewards.weights "
         "re-weighted for this stage (a reward left out keeps its run weight). Empty = rewards.weights.",
@@ -315,6 +319,11 @@ class StageConfig:
                     read_problem_ids(self.problem_ids)
                 except ConfigError as err:
                     e.extend(err.errors)
+        lo, hi = field_bounds(StageConfig, "replay")
+        if not lo <= self.replay <= hi:
+            e.append(("replay", f"is a share: {lo:g} to {hi:g} (got {self.replay:g})."))
+        elif self.replay > 0 and cfg.stages and self is cfg.stages[0]:
+            e.append(("replay", "the first stage has no earlier stage to replay; set it on a later stage."))
         for name in ("learning_rate", "ewc_lam"):
             value, (lo, hi) = getattr(self, name), field_bounds(StageConfig, name)
             if value is not None and not lo <= value <= hi:

@@ -474,6 +474,21 @@ def question_key(question: str) -> str:
     return text
 
 
+def with_replay(stages, k: int, data_cfg, seed: int, own: list[Problem]) -> list[Problem]:
+    """Stage k's training problems with `stages[k].replay` of them replaced by problems drawn (with `seed`) from
+    the earlier stages' pools, drawn as those stages drew them; the replayed ones are spread through the list.
+    Replay is the standard continual-learning baseline beside EWC (issue 42)."""
+    share = float(getattr(stages[k], "replay", 0.0) or 0.0)
+    if share <= 0 or k == 0 or not own:
+        return list(own)
+    earlier = [p for j in range(k) for p in stage_pool(stages[j], data_cfg, seed=data_cfg.seed + j).problems]
+    n_replay = min(len(earlier), round(share * len(own)))
+    rng = random.Random(seed)
+    mixed = own[: len(own) - n_replay] + rng.sample(earlier, n_replay)
+    rng.shuffle(mixed)
+    return mixed
+
+
 HELDOUT_SEED_OFFSET = 1_000_003  # reasoning-gym derives item i from seed + i: keep far from training seeds
 
 

@@ -36,7 +36,7 @@ from transformers import TrainerCallback
 
 from . import distributed
 from .config import Config
-from .data import stage_pool, to_rows
+from .data import stage_pool, to_rows, with_replay
 from .ewc import EWCState, compute_fisher
 from .fileio import atomic_write_json, staged_dir
 from .generation import SamplingParams, generate_completions, use_fast_attention
@@ -476,23 +476,26 @@ class _Job:
             self.ewc.lam = float(stage.ewc_lam if stage.ewc_lam is not None else cfg.ewc.lam)
         active_ewc = self.ewc if (self.ewc is not None and self.ewc.active) else None
         args = grpo_args(cfg, k, run.checkpoints_dir / f"stage-{k}", device, run_name=f"{run.id}-stage{k + 1}")
+        problems = with_replay(cfg.stages, k, cfg.data, cfg.data.seed + 7919 * (k + 1), pool.problems)
+        own = {p.id for p in pool.problems}
         reporter.event(
             "stage_start",
             stage=k,
             name=stage.name,
             source=pool.source,
             origin=pool.origin,
-            problems=len(pool.problems),
+            problems=len(problems),
             steps=stage.steps,
             ewc=active_ewc is not None,
             device=device,
             precision="bfloat16 autocast" if args.bf16 else "float32",
+            **({"replayed": sum(1 for p in problems if p.id not in own)} if stage.replay else {}),
         )
         reporter.status(stage=k, stage_name=stage.name, phase=f"stage {k + 1}/{len(cfg.stages)}: {stage.name}")
         _activity(reporter, f"the set-up of stage {k + 1} (none of its steps has begun)")
         from datasets import Dataset
 
-        dataset = Dataset.from_list(to_rows(pool.problems, cfg.data.system_prompt, cfg.data.training_hint))
+        dataset = Dataset.from_list(to_rows(problems, cfg.data.system_prompt, cfg.data.training_hint))
         box: dict = {}
 
         def on_group(snap):

@@ -389,7 +389,7 @@ EVENT_FIELDS = {
     **dict.fromkeys(
         (
             "time stage step steps stage_step samples problems parameters trainable threads n seconds "
-            "base_accuracy trained_accuracy p_value dropped_metric_lines"
+            "base_accuracy trained_accuracy p_value dropped_metric_lines replayed"
         ).split(),
         _number,
     ),

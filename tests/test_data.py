@@ -302,3 +302,33 @@ def test_question_key_folds_commuted_terms(a, b, same):
     from grpo_app.data import question_key
 
     assert (question_key(a) == question_key(b)) is same
+
+
+def test_replay_mixes_a_share_of_the_earlier_stages_problems_in():
+    """Issue 42, goal 4: stages[k].replay of stage k's training problems come from the earlier stages' pools."""
+    from grpo_app.config import load_config
+    from grpo_app.data import stage_pool, with_replay
+
+    cfg = load_config("tests/configs/tiny.yaml", ["stages[1].replay=0.25", "stages[1].num_problems=16"])
+    own = stage_pool(cfg.stages[1], cfg.data, seed=cfg.data.seed + 1).problems
+    earlier = {p.id for p in stage_pool(cfg.stages[0], cfg.data, seed=cfg.data.seed).problems}
+    mixed = with_replay(cfg.stages, 1, cfg.data, 5, own)
+    assert len(mixed) == len(own) == 16
+    assert sum(p.id in earlier for p in mixed) == 4  # a quarter, from stage 1's pool
+    assert {p.id for p in mixed} - earlier <= {p.id for p in own}
+    assert [p.id for p in with_replay(cfg.stages, 1, cfg.data, 5, own)] == [p.id for p in mixed]  # seeded
+    assert with_replay(cfg.stages, 0, cfg.data, 5, own) == own  # stage 1 has nothing to replay
+    cfg0 = load_config("tests/configs/tiny.yaml", [])
+    assert with_replay(cfg0.stages, 1, cfg0.data, 5, own) == own  # replay 0: the stage's own problems
+
+
+@pytest.mark.parametrize("override, words", [
+    ("stages[0].replay=0.2", "the first stage has no earlier stage to replay"),
+    ("stages[1].replay=0.95", "is a share: 0 to 0.9"),
+])
+def test_replay_is_checked(override, words):
+    from grpo_app.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as err:
+        load_config("tests/configs/tiny.yaml", [override])
+    assert any("replay" in p and words in m for p, m in err.value.errors), err.value.errors

@@ -129,3 +129,22 @@ def test_a_stage_trains_with_its_own_ewc_lambda(tmp_path, monkeypatch, varied_re
     penalties = [m["ewc_penalty"] for m in stage2]
     assert all(p > 0 for p in penalties[1:]) if lam is None else all(p == 0 for p in penalties), penalties
     assert "stages:\n" in run.config_path.read_text() and run.config().stages[1].learning_rate == 0.002
+
+
+def test_a_replay_stage_trains_on_earlier_problems_and_says_so(tmp_path, monkeypatch):
+    """Issue 42, goal 4: with replay, stage 2's steps train on stage 1's problems too (the record shows their
+    ids), and the run log says how many were replayed."""
+    from grpo_app.fileio import read_jsonl
+    from grpo_app.models import cache_root
+    from grpo_app.ui import render
+
+    monkeypatch.setenv("GRPO_APP_CACHE_DIR", str(cache_root()))
+    cfg = load_config("tests/configs/tiny.yaml", ["run.eval_n=0", "run.save_every=0", "stages[1].replay=0.9"])
+    manager = RunManager(tmp_path)
+    run = manager.start(cfg)
+    assert wait_until(lambda: not manager.active, 300, every=0.2)
+    stage1_ids = f"arith-{cfg.data.seed}-"  # stage k draws with seed data.seed + k
+    second = [i for r in read_jsonl(run.trained_path) if r["stage"] == 1 for i, _ in r["problems"]]
+    assert second and sum(i.startswith(stage1_ids) for i in second) >= len(second) - 1, second
+    start = next(e for e in run.events() if e["event"] == "stage_start" and e["stage"] == 1)
+    assert start["replayed"] == 14 and "14 of them replayed from earlier stages" in render.event_line(start)

@@ -311,6 +311,7 @@ def event_line(ev: dict) -> str | None:
         return (
             f"stage {k} *{ev.get('name')}* started: {ev.get('problems')} problems from {ev.get('origin')}, "
             f"{ev.get('steps')} steps" + (", EWC penalty on" if ev.get("ewc") else "")
+            + (f", {ev['replayed']} of them replayed from earlier stages" if ev.get("replayed") else "")
             + (f", {ev.get('device')} in {ev['precision']}" if ev.get("precision", "float32") != "float32" else "")
         )
     if kind == "stage_end":
