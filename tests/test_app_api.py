@@ -50,7 +50,7 @@ def test_every_action_has_an_api_name(client):
 def test_preset_fills_the_form(client):
     out = client.predict("tiny-short", api_name="/preset")
     assert out[0].startswith("Tests only") and out[1] == "tiny-random"
-    assert out[3]["data"] == [["s1", "arithmetic", 1, 1, 2], ["s2", "arithmetic", 2, 2, 2]]
+    assert out[3]["data"] == [["s1", "arithmetic", 1, 1, 2, "", "", ""], ["s2", "arithmetic", 2, 2, 2, "", "", ""]]
 
 
 def test_start_second_start_status_stop_resume(client, app_server):  # noqa: F811

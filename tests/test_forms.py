@@ -96,7 +96,12 @@ def test_sanitised_run_name_is_noted(roots):
             "repeats stage 1",
         ),
         ({"stages": [["a", "arithmetic", 1, 1, 2]] * 11}, "stages", "too many"),
-        ({"stages": [["a", "arithmetic", 1, 1, 2, "extra"]]}, "stages[0]", "a row has 5 cells"),
+        ({"stages": [["a", "arithmetic", 1, 1, 2, "", "", "", "extra"]]}, "stages[0]", "a row has at most 8 cells"),
+        ({"stages": [["a", "arithmetic", 1, 1, 2, "fast"]]}, "stages[0].learning_rate", "expected a number"),
+        ({"stages": [["a", "arithmetic", 1, 1, 2, "", "-3"]]}, "stages[0].ewc_lam", "out of range"),
+        ({"stages": [["a", "arithmetic", 1, 1, 2, "", "", "0.5"]]}, "stages[0].replay", "no earlier stage"),  # Config
+        ({"stages": [["a", "arithmetic", 1, 1, 2], ["b", "arithmetic", 2, 2, 2, "", "", "2"]]}, "stages[1].replay",
+         "out of range"),
     ],
 )
 def test_bad_values_name_their_field(roots, over, path, text):
@@ -229,3 +234,15 @@ def test_a_run_started_from_the_page_keeps_the_presets_forced_answer_line(roots)
     assert build(base_form(), roots).grpo.force_answer_line == 0.0  # a preset without it: off
     classroom = forms.load_preset_data(Path("configs/classroom.yaml"))
     assert classroom["grpo"]["force_answer_line"] == 0.5  # the shipped default, as measured
+
+
+def test_the_stage_table_carries_per_stage_settings(roots):
+    """Issue 42, goal 3: learning rate, EWC λ and replay per stage from the table; blank = the run's value."""
+    cfg = build(base_form(stages=[["a", "arithmetic", 1, 1, 2, "", "", ""],
+                                  ["b", "arithmetic", 2, 2, 3, "5e-5", "0", "0.25"]]), roots)
+    a, b = cfg.stages
+    assert (a.learning_rate, a.ewc_lam, a.replay) == (None, None, 0.0)
+    assert (b.learning_rate, b.ewc_lam, b.replay) == (5e-5, 0.0, 0.25)
+    from grpo_app.ui.forms import stage_rows
+
+    assert stage_rows(cfg.stages) == [["a", "arithmetic", 1, 1, 2, "", "", ""], ["b", "arithmetic", 2, 2, 3, "5e-05", "0", "0.25"]]

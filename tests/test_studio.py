@@ -39,7 +39,7 @@ def wait(pred, timeout=300):
 def test_presets_come_from_the_configs_folder(studio):
     assert list(studio.presets) == ["tiny-app", "tiny-short"] and studio.default_preset == "tiny-short"
     values, desc = studio.preset_form("tiny-app")
-    assert values["stages"][0] == ["add", "arithmetic", 1, 1, 40] and "Tests only" in desc
+    assert values["stages"][0] == ["add", "arithmetic", 1, 1, 40, "", "", ""] and "Tests only" in desc
     with pytest.raises(FormError, match="unknown preset"):
         studio.preset_form("../configs/quick")
 

@@ -37,7 +37,8 @@ from ..config import (
 from ..models import model_roots_text
 from ..runs import RUN_ID_RE, resolve_run
 
-STAGE_HEADERS = ["name", "source", "min difficulty", "max difficulty", "steps"]
+STAGE_HEADERS = ["name", "source", "min difficulty", "max difficulty", "steps", "learning rate", "EWC λ", "replay"]
+STAGE_REQUIRED = 5  # the last three cells may be left blank: the run's learning rate and λ, no replay
 MAX_STAGES = 10
 MAX_STEPS_PER_STAGE = 5000
 MAX_DIFFICULTY = 20
@@ -234,7 +235,11 @@ def hub_model_problem(name: str) -> str | None:
 # Stages table
 # ------------------------------------------------------------------------------------------------
 def stage_rows(stages: list[StageConfig]) -> list[list]:
-    return [[s.name, s.source, s.min_difficulty, s.max_difficulty, s.steps] for s in stages]
+    """The table's rows; the per-stage settings are blank where the stage takes the run's value."""
+    return [[s.name, s.source, s.min_difficulty, s.max_difficulty, s.steps,
+             "" if s.learning_rate is None else f"{s.learning_rate:g}",
+             "" if s.ewc_lam is None else f"{s.ewc_lam:g}",
+             f"{s.replay:g}" if s.replay else ""] for s in stages]
 
 
 def _rows(table) -> list[list] | None:
@@ -270,11 +275,20 @@ def parse_stages(table, base: list[dict], errors: list) -> list[dict]:
     for k, row in enumerate(rows):
         p = f"stages[{k}]"
         where = f"stage {k + 1}"
-        row = list(row) + [None] * (5 - len(row))
-        if len(row) > 5:
-            errors.append((p, f"{where}: a row has 5 cells ({', '.join(STAGE_HEADERS)}), got {len(row)}."))
+        n_cells = len(STAGE_HEADERS)
+        row = list(row) + [None] * (n_cells - len(row))
+        if len(row) > n_cells:
+            errors.append((p, f"{where}: a row has at most {n_cells} cells ({', '.join(STAGE_HEADERS)}), got {len(row)}."))
             continue
-        name, source, lo, hi, steps = row
+        name, source, lo, hi, steps, lr, lam, replay = row
+        own: dict = {}  # the per-stage settings (issue 42): blank = the run's value (learning rate, λ), no replay
+        for key, value, label in (("learning_rate", lr, "learning rate"), ("ewc_lam", lam, "EWC λ"),
+                                  ("replay", replay, "replay share")):
+            if _blank(value):
+                own[key] = 0.0 if key == "replay" else None
+            else:
+                lo_b, hi_b = field_bounds(StageConfig, key)
+                own[key] = parse_float(value, f"{p}.{key}", f"{where} {label}", errors, lo_b, hi_b)
         name = STAGE_NAME_RE.sub("-", str(name or "").strip())[:40].strip() or f"stage{k + 1}"
         source = str(source or "").strip().lower()
         if source not in SOURCES:
@@ -300,6 +314,7 @@ def parse_stages(table, base: list[dict], errors: list) -> list[dict]:
             stage["max_difficulty"] = hi
         if steps is not None:
             stage["steps"] = steps
+        stage.update({k: v for k, v in own.items() if v is not None or k != "replay"})
         out.append(stage)
     _check_repeats(out, errors)
     return out

@@ -40,7 +40,9 @@ assert [v for _, v in GSM8K_CHOICES] == list(GSM8K_MODES)
 STAGES_HELP = (
     "One row per curriculum stage, trained in order. **source**: `arithmetic` (generated sums; difficulty = "
     "number of operators, 1–5), `gsm8k` (grade-school word problems; difficulty = calculation steps, mostly 2–4), "
-    "`gsm_symbolic` (generated word problems), `custom` (your uploaded file). Add or delete rows as you like."
+    "`gsm_symbolic` (generated word problems), `custom` (your uploaded file). Add or delete rows as you like. "
+    "The last three may stay blank: a stage's own **learning rate** and **EWC λ** (blank = the run's), and "
+    "**replay**, the share of its problems taken from earlier stages (0–0.9; blank = none)."
 )
 
 
@@ -109,10 +111,10 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
                 )
                 err_upload = gr.Markdown(visible=False, elem_classes="field-error", elem_id="upload-error")
         stages = gr.Dataframe(
-            value=v("stages", [["stage1", "arithmetic", 1, 1, 10]]),
+            value=v("stages", [["stage1", "arithmetic", 1, 1, 10, "", "", ""]]),
             headers=STAGE_HEADERS,
-            datatype=["str", "str", "number", "number", "number"],
-            column_count=5,
+            datatype=["str", "str", "number", "number", "number", "str", "str", "str"],
+            column_count=len(STAGE_HEADERS),
             type="array",
             interactive=True,
             label="Curriculum stages",
