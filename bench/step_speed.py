@@ -46,12 +46,21 @@ Each setup runs in its own subprocess (so peak RSS, read with getrusage, is its 
 * engine_padded - the engine with `grpo.bucket_lengths=false`: every completion of a micro-batch padded to
              the step's longest in the training pass, as TRL does and as the engine did before 2026-11-25.
 
+* trl_same / engine_same / engine_same_nostop - like for like (issue 46): both sides sample at the same
+             temperature (1.0, TRL's default) and top-p, train at the same learning rate (1e-6, TRL's default),
+             score with the same rewards and weights (the classroom preset's four) and take the same prompts in
+             the same order (the first GSM8K train problems, no shuffling: `grpo.shuffle_prompts=false`), one
+             stage, no EWC, micro-batches of 8, no recompute on either side. engine_same stops a completion at
+             its answer line, engine_same_nostop does not. Each reports the share of groups whose rewards were
+             all equal (`frac_reward_zero_std`): the engine skips their backward, TRL computes it.
+
 The first step of each training setup is a warm-up and is not counted.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -65,7 +74,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("GRPO_APP_GSM8K_DIR", str(ROOT.parent / "shared" / "data" / "gsm8k"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from common import emit, run_child  # noqa: E402  (bench/, the script's own folder)
+from bench.common import emit, run_child  # noqa: E402  (ROOT is on the path: as a script and as a module)
 
 G, COMPLETION = 4, 128
 GEN_BATCHES = (16, 32, 64, 128, 256)
@@ -162,6 +171,135 @@ def bench_gen(gflops: float) -> dict:
     return out
 
 
+def _qkey(question: str) -> str:
+    """A question's short fingerprint (the like-for-like check compares what each side trained on)."""
+    import hashlib
+
+    return hashlib.sha1(question.encode()).hexdigest()[:10]
+
+
+# Like for like (trl_same, engine_same): one description both sides are built from.
+SAME = {"temperature": 1.0, "top_p": 1.0, "learning_rate": 1e-6,
+        "rewards": {"correctness": 1.0, "lenient_correctness": 0.5, "strict_format": 0.3, "soft_format": 0.1}}
+
+
+def same_problems(n: int):
+    """The first n GSM8K train problems, in order: the prompts both like-for-like sides take, in this order."""
+    from grpo_app.config import DataConfig
+    from grpo_app.data import load_gsm8k
+
+    probs, source = load_gsm8k("train", DataConfig())
+    return probs[:n], source
+
+
+def trl_same_args(output_dir: str, steps: int, prompts_per_step: int):
+    """TRL's GRPOConfig for trl_same (the reward functions: `SAME["rewards"]`, in that order)."""
+    from trl import GRPOConfig
+
+    per_step = prompts_per_step * G
+    return GRPOConfig(output_dir=output_dir, per_device_train_batch_size=8, gradient_accumulation_steps=per_step // 8,
+                      activation_checkpointing=False, num_generations=G, max_completion_length=COMPLETION,
+                      temperature=SAME["temperature"], top_p=SAME["top_p"], learning_rate=SAME["learning_rate"],
+                      reward_weights=list(SAME["rewards"].values()), shuffle_dataset=False, bf16=False, beta=0.0,
+                      max_steps=steps + 1, logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, seed=0,
+                      disable_tqdm=True)
+
+
+def engine_same_config(custom_path: str, n_problems: int, steps: int, prompts_per_step: int, stop_at_answer: bool):
+    """The engine's Config for engine_same(_nostop): the same settings as `trl_same_args`, one custom stage
+    holding `same_problems` in their order."""
+    from grpo_app.config import StageConfig, load_config
+
+    weights = "{" + ", ".join(f"{k}: {v}" for k, v in SAME["rewards"].items()) + "}"
+    cfg = load_config("quick", [
+        "model.name=embedded", f"grpo.num_generations={G}", f"grpo.prompts_per_step={prompts_per_step}",
+        f"grpo.max_completion_length={COMPLETION}", "grpo.micro_batch_size=8", "grpo.gradient_checkpointing=false",
+        f"grpo.temperature={SAME['temperature']}", f"grpo.top_p={SAME['top_p']}",
+        f"grpo.learning_rate={SAME['learning_rate']}", "grpo.shuffle_prompts=false", "grpo.force_answer_line=0",
+        f"grpo.stop_at_answer={str(stop_at_answer).lower()}", f"rewards.weights={weights}", "ewc.enabled=false",
+        "run.save_every=0", "run.eval_n=0", f"data.custom_path={custom_path}",
+    ], validate=False)
+    cfg.stages = [StageConfig(name="same", source="custom", min_difficulty=0, max_difficulty=99, steps=steps + 1,
+                              num_problems=n_problems)]
+    cfg.validate()
+    return cfg
+
+
+def bench_same(side: str, steps: int, prompts_per_step: int) -> dict:
+    """trl_same, engine_same or engine_same_nostop (see the module docstring)."""
+    n = prompts_per_step * (steps + 1)
+    probs, source = same_problems(n)
+    with tempfile.TemporaryDirectory() as tmp:
+        custom = Path(tmp) / "same.jsonl"
+        custom.write_text("".join(json.dumps({"question": p.question, "answer": p.answer}) + "\n" for p in probs))
+        if side == "trl_same":
+            out = _trl_same(tmp, probs, steps, prompts_per_step)
+        else:
+            cfg = engine_same_config(str(custom), n, steps, prompts_per_step, stop_at_answer=side == "engine_same")
+            out = bench_engine(steps, prompts_per_step, [], cfg=cfg)
+    return {**out, "data": source, "same": SAME}
+
+
+def _trl_same(tmp: str, probs, steps: int, prompts_per_step: int) -> dict:
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOTrainer
+
+    from grpo_app.config import DataConfig
+    from grpo_app.data import to_rows
+    from grpo_app.models import load_model
+    from grpo_app.rewards import REWARD_FUNCS
+
+    model, tok, _ = load_model("embedded")
+    model.train()
+    ds = Dataset.from_list(to_rows(probs, DataConfig().system_prompt))
+    times, logs_seen = [], []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            times.append(time.perf_counter() - self.t0)
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "completions/mean_length" in logs:
+                logs_seen.append(dict(logs))
+
+    args = trl_same_args(tmp, steps, prompts_per_step)
+    seen: list[str] = []  # the problems TRL scored, in order (G rows each): what it trained on
+
+    def recording(fn):
+        @functools.wraps(fn)
+        def wrapped(*a, **kw):
+            seen.extend(_qkey(q) for q in kw.get("question") or [])
+            return fn(*a, **kw)
+
+        return wrapped
+
+    funcs = [REWARD_FUNCS[name] for name in SAME["rewards"]]
+    funcs[0] = recording(funcs[0])
+    trainer = GRPOTrainer(model=model, processing_class=tok, reward_funcs=funcs, args=args, train_dataset=ds)
+    trainer.add_callback(Timer())
+    trainer.train()
+    steady, logs = times[1:], logs_seen[1:]
+    per_step = prompts_per_step * G
+    s_step = sum(steady) / len(steady)
+    mean_len = sum(lg["completions/mean_length"] for lg in logs) / len(logs)
+    return {
+        "setup": "TRL GRPOTrainer, like for like (trl_same)",
+        "steps_timed": len(steady),
+        "s_per_step": round(s_step, 2),
+        "completions_per_s": round(per_step / s_step, 3),
+        "tokens_per_s": round(per_step * mean_len / s_step, 1),
+        "mean_completion_length": round(mean_len, 1),
+        "frac_reward_zero_std": round(sum(lg.get("frac_reward_zero_std", 0.0) for lg in logs) / len(logs), 3),
+        "trained_problems": [list(dict.fromkeys(seen[i : i + per_step])) for i in range(0, len(seen), per_step)],
+        "step_seconds": [round(t, 2) for t in times],
+        "peak_rss_mb": round(_peak_rss_mb()),
+    }
+
+
 def bench_trl(steps: int, tuned: bool = False, prompts_per_step: int = 16) -> dict:
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -242,11 +380,13 @@ def bench_trl(steps: int, tuned: bool = False, prompts_per_step: int = 16) -> di
     }
 
 
-def bench_engine(steps: int, prompts_per_step: int, extra: list[str]) -> dict:
+def bench_engine(steps: int, prompts_per_step: int, extra: list[str], cfg=None) -> dict:
     from grpo_app.config import load_config
     from grpo_app.engine import _NullReporter, train
+    from grpo_app.fileio import read_jsonl
     from grpo_app.runs import RunDir
 
+    given = cfg
     overrides = [
         "model.name=embedded",
         f"grpo.num_generations={G}",
@@ -258,10 +398,16 @@ def bench_engine(steps: int, prompts_per_step: int, extra: list[str]) -> dict:
         "ewc.fisher_samples=16",
         *extra,
     ]
-    cfg = load_config("quick", overrides)
-    for st in cfg.stages:
-        st.source, st.min_difficulty, st.max_difficulty, st.steps = "gsm8k", 1, 8, steps + 1
-    cfg.validate()
+    if given is None:
+        cfg = load_config("quick", overrides)
+        for st in cfg.stages:
+            st.source, st.min_difficulty, st.max_difficulty, st.steps = "gsm8k", 1, 8, steps + 1
+        cfg.validate()
+    else:  # a config built elsewhere (engine_same): described by its own settings
+        cfg = given
+        overrides = ["model.name=" + cfg.model.name, f"grpo.temperature={cfg.grpo.temperature}",
+                     f"grpo.learning_rate={cfg.grpo.learning_rate}", f"grpo.stop_at_answer={cfg.grpo.stop_at_answer}",
+                     f"grpo.shuffle_prompts={cfg.grpo.shuffle_prompts}", f"rewards.weights={cfg.rewards.weights}"]
     class Collect(_NullReporter):  # keeps what the app's RunManager would write to the run folder
         def __init__(self):
             self.metric_records, self.event_records = [], []
@@ -278,6 +424,7 @@ def bench_engine(steps: int, prompts_per_step: int, extra: list[str]) -> dict:
         t0 = time.perf_counter()
         train(cfg, run, rep)
         total = time.perf_counter() - t0
+        trained = [[_qkey(q) for _, q in r["problems"]] for r in read_jsonl(run.trained_path)]  # what each step took
     metrics, events = rep.metric_records, rep.event_records
     if not metrics:
         raise SystemExit("the engine reported no metrics")
@@ -300,6 +447,9 @@ def bench_engine(steps: int, prompts_per_step: int, extra: list[str]) -> dict:
         "mean_completion_length": round(sum(m["completion_length"] for m in steady) / len(steady), 1),
         "generation_share": round(sum(m["gen_seconds"] for m in steady) / sum(m["step_seconds"] for m in steady), 3),
         "stopped_at_answer": round(sum((m.get("stopped_at_answer") or 0) for m in steady) / len(steady), 3),
+        "frac_reward_zero_std": round(sum((m.get("frac_zero_std") or 0) for m in steady) / len(steady), 3),
+        "trained_problems": trained,
+        "skipped_zero_advantage": round(sum((m.get("skipped_zero_adv") or 0) for m in steady) / len(steady), 3),
         "fisher_seconds": round(fisher_s, 2),
         "ewc_term_seconds": round(ewc_s, 3),
         "train_seconds": round(train_s, 1),
@@ -386,6 +536,8 @@ def main() -> None:
             r = bench_engine(a.steps, a.prompts_per_step, ["grpo.micro_batch_size=16"])
         elif a.child == "engine_padded":  # no length buckets: the training pass pads to the step's longest
             r = bench_engine(a.steps, a.prompts_per_step, ["grpo.bucket_lengths=false"])
+        elif a.child in ("trl_same", "engine_same", "engine_same_nostop"):  # like for like (issue 46)
+            r = bench_same(a.child, a.steps, a.prompts_per_step)
         print(json.dumps(r))
         return
 
@@ -407,7 +559,7 @@ def main() -> None:
     if "monitor" in only:
         res["monitor"] = _child("monitor", [])
     for mode in ("trl", "trl_tuned", "engine", "engine_mb16", "engine_padded", "engine_matched", "engine_top",
-                 "engine_top_matched", "engine_full"):
+                 "engine_top_matched", "engine_full", "trl_same", "engine_same", "engine_same_nostop"):
         if mode in only:
             res[mode] = _child(mode, common)
             print(f"# {mode}: {json.dumps(res[mode])}", file=sys.stderr, flush=True)
@@ -424,6 +576,17 @@ def main() -> None:
         if "trl_tuned" in res and eng in res:
             for rate in ("completions_per_s", "tokens_per_s"):
                 res[f"{key}_{rate}"] = round(res[eng][rate] / res["trl_tuned"][rate], 2)
+    for eng, stop in (("engine_same", "on"), ("engine_same_nostop", "off")):  # like for like (issue 46)
+        if "trl_same" in res and eng in res:
+            res[f"like_for_like_answer_stop_{stop}"] = {
+                **{f"speedup_{rate}": round(res[eng][rate] / res["trl_same"][rate], 2)
+                   for rate in ("completions_per_s", "tokens_per_s")},
+                "groups_all_equal_engine": res[eng]["frac_reward_zero_std"],
+                "groups_all_equal_trl": res["trl_same"]["frac_reward_zero_std"],
+                "skipped_rows_engine": res[eng]["skipped_zero_advantage"],
+                # checked from what each side trained on, step by step (not from the list both were given)
+                "same_prompts_in_same_order": res[eng]["trained_problems"] == res["trl_same"]["trained_problems"],
+            }
     emit(res, a.out)
 
 

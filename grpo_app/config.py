@@ -411,6 +411,11 @@ class GRPOSettings:
     share_prompt_prefix: bool = _f(
         True, "In the training pass, run each group's prompt once and reuse its keys/values for the G completions."
     )
+    shuffle_prompts: bool = _f(
+        True,
+        "Draw each step's prompts from the stage's problems in a shuffled order (TRL's shuffle_dataset). Off: in "
+        "the pool's own order (bench/step_speed.py gives TRL and the engine the same prompts in the same order).",
+    )
     skip_zero_advantage: bool = _f(
         True,
         "Skip the forward/backward of completions whose advantage is 0 (exact when beta = 0: they add no gradient).",

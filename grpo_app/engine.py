@@ -159,7 +159,7 @@ def grpo_args(cfg: Config, stage_index: int, output_dir: Path, device: str, run_
         log_completions=False,
         remove_unused_columns=False,
         dataloader_num_workers=0,
-        shuffle_dataset=True,
+        shuffle_dataset=g.shuffle_prompts,
         optim="adamw_torch",
     )
 
