@@ -242,7 +242,6 @@ def bench_same(side: str, steps: int, prompts_per_step: int) -> dict:
 
 def _trl_same(tmp: str, probs, steps: int, prompts_per_step: int) -> dict:
     from datasets import Dataset
-    from transformers import TrainerCallback
     from trl import GRPOTrainer
 
     from grpo_app.config import DataConfig
@@ -253,19 +252,8 @@ def _trl_same(tmp: str, probs, steps: int, prompts_per_step: int) -> dict:
     model, tok, _ = load_model("embedded")
     model.train()
     ds = Dataset.from_list(to_rows(probs, DataConfig().system_prompt))
-    times, logs_seen = [], []
-
-    class Timer(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kw):
-            times.append(time.perf_counter() - self.t0)
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            if logs and "completions/mean_length" in logs:
-                logs_seen.append(dict(logs))
-
+    timer = _trl_timer()
+    times, logs_seen = timer.times, timer.logs
     args = trl_same_args(tmp, steps, prompts_per_step)
     seen: list[str] = []  # the problems TRL scored, in order (G rows each): what it trained on
 
@@ -280,7 +268,7 @@ def _trl_same(tmp: str, probs, steps: int, prompts_per_step: int) -> dict:
     funcs = [REWARD_FUNCS[name] for name in SAME["rewards"]]
     funcs[0] = recording(funcs[0])
     trainer = GRPOTrainer(model=model, processing_class=tok, reward_funcs=funcs, args=args, train_dataset=ds)
-    trainer.add_callback(Timer())
+    trainer.add_callback(timer)
     trainer.train()
     steady, logs = times[1:], logs_seen[1:]
     per_step = prompts_per_step * G
@@ -300,9 +288,30 @@ def _trl_same(tmp: str, probs, steps: int, prompts_per_step: int) -> dict:
     }
 
 
+def _trl_timer():
+    """A TRL callback keeping each step's wall time (`times`) and each step's logged metrics (`logs`)."""
+    from transformers import TrainerCallback
+
+    class Timer(TrainerCallback):
+        def __init__(self):
+            self.times: list[float] = []
+            self.logs: list[dict] = []
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            self.times.append(time.perf_counter() - self.t0)
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "completions/mean_length" in logs:
+                self.logs.append(dict(logs))
+
+    return Timer()
+
+
 def bench_trl(steps: int, tuned: bool = False, prompts_per_step: int = 16) -> dict:
     from datasets import Dataset
-    from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from grpo_app.config import DataConfig
@@ -314,19 +323,8 @@ def bench_trl(steps: int, tuned: bool = False, prompts_per_step: int = 16) -> di
     model.train()
     probs, _, source = _prompts(64, tok)
     ds = Dataset.from_list(to_rows(probs, DataConfig().system_prompt))
-    times: list[float] = []
-    lengths: list[float] = []
-
-    class Timer(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kw):
-            times.append(time.perf_counter() - self.t0)
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            if logs and "completions/mean_length" in logs:
-                lengths.append(logs["completions/mean_length"])
+    timer = _trl_timer()
+    times = timer.times
 
     per_step = prompts_per_step * G if tuned else G  # completions per optimizer step
     shape = (
@@ -351,8 +349,9 @@ def bench_trl(steps: int, tuned: bool = False, prompts_per_step: int = 16) -> di
             disable_tqdm=True,
         )
         trainer = GRPOTrainer(model=model, processing_class=tok, reward_funcs=[correctness], args=args, train_dataset=ds)
-        trainer.add_callback(Timer())
+        trainer.add_callback(timer)
         trainer.train()
+    lengths = [lg["completions/mean_length"] for lg in timer.logs]
     steady, lens = times[1:], lengths[1:]
     s_step = sum(steady) / len(steady)
     mean_len = sum(lens) / len(lens)
