@@ -25,7 +25,7 @@ from .test_trainer import make_trainer
 # Methods the subclass adds (not overrides): everything else it defines must exist on TRL's side.
 OWN_METHODS = {
     "_ewc_grad_hook", "_emit_groups", "_shared_prefix_logps", "_create_optimizer", "_set_activity", "_abort_requested",
-    "_check_abort",
+    "_check_abort", "_forced_span",
 }
 
 
@@ -41,6 +41,7 @@ def test_the_list_of_overrides_is_what_the_trainer_documents():
     # A new override must be added to this contract (and to trainer.py's numbered list of departures).
     assert _overrides() == [
         "_compute_loss",
+        "_generate",  # 8: the forced hint's tokens get 0 in TRL's tool_mask (force_answer_line_loss = mask)
         "_generate_single_turn",
         "_get_output_dir",
         "_get_per_token_logps_and_entropies",
