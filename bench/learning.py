@@ -53,22 +53,6 @@ def train_variant(cfg, name: str, root: Path) -> tuple[Path, float]:
     return run.path, time.time() - t0
 
 
-def stage_end_model(base_name: str, ewc_folder: Path):
-    """The model as it was at the end of a stage: base weights + that stage's EWC anchor (the trainable
-    weights saved when its Fisher was computed; frozen ones, e.g. the embedding, are the base's)."""
-    from safetensors.torch import load_file
-
-    from grpo_app.evaluation import load_for_eval
-
-    model, tok, _ = load_for_eval(base_name)
-    anchor = {k.split("::", 1)[1]: t for k, t in load_file(str(ewc_folder / "ewc.safetensors")).items()
-              if k.startswith("anchor::")}
-    result = model.load_state_dict(anchor, strict=False)
-    if result.unexpected_keys or not anchor:
-        raise SystemExit(f"{ewc_folder}: anchor does not fit {base_name}: {result.unexpected_keys[:3]}")
-    return model, tok
-
-
 def score(model_name, problems, settings, label: str) -> dict:
     """A model's greedy answers, scored; a named model through the app's per-model cache (the base model
     answers a problem set once across runs of this bench), a loader (the after-stage-1 model) afresh."""
@@ -280,9 +264,11 @@ def main() -> None:
     # Forgetting: the model at the end of stage 1 (identical in both variants: same config and seeds up
     # to the first Fisher pass), from the stage-1 anchor the EWC run saved.
     stage1_end = None
-    if "ewc" in trained and (Path(trained["ewc"]["run"]) / "ewc" / "stage-0" / "ewc.safetensors").is_file():
-        folder = Path(trained["ewc"]["run"]) / "ewc" / "stage-0"
-        stage1_end = lambda: stage_end_model(cfg.model.name, folder)  # noqa: E731
+    ewc_run = RunDir(Path(trained["ewc"]["run"])) if "ewc" in trained else None
+    if ewc_run is not None and ewc_run.stage_end_weights(0) is not None:
+        from grpo_app.stage_matrix import load_stage_model  # (the matrix's loader: anchor, stage_ends/ or final/)
+
+        stage1_end = lambda: load_stage_model(ewc_run, 0, cfg.model.name)  # noqa: E731
     result: dict = {
         "config": a.config,
         "overrides": a.set,

@@ -27,7 +27,7 @@ class MatrixError(ValueError):
     """The matrix cannot be computed for this run (the message says why and what to do)."""
 
 
-def _load_stage_model(run: RunDir, k: int, base_name: str):
+def load_stage_model(run: RunDir, k: int, base_name: str):
     """The model as stage k ended: base weights + the stage's trainable weights (frozen ones are the base's)."""
     from safetensors.torch import load_file
 
@@ -107,7 +107,7 @@ def stage_matrix(
     rows, before = [], base
     for k in range(k_stages):
         say(f"model after stage {k + 1} of {k_stages}: loading")
-        model, tok = _load_stage_model(run, k, cfg.model.name)
+        model, tok = load_stage_model(run, k, cfg.model.name)
         recs = []
         for j, (probs, settings) in enumerate(sets):
             say(f"model after stage {k + 1} on task {j + 1} of {k_stages}")

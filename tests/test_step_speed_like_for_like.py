@@ -2,16 +2,18 @@
 so what they are told agrees field by field; that they then took the same prompts in the same order is checked
 by the bench itself from what each side trained on."""
 
+import json
+
 import pytest
 
-from bench.step_speed import COMPLETION, G, SAME, engine_same_config, trl_same_args
+from bench.step_speed import COMPLETION, SAME, G, engine_same_config, trl_same_args
 from grpo_app.engine import grpo_args, stage_reward_weights
 
 
 @pytest.mark.parametrize("stop", [True, False])
 def test_trl_and_the_engine_get_the_same_sampling_rewards_and_prompt_order(tmp_path, stop):
     custom = tmp_path / "same.jsonl"
-    custom.write_text("".join('{"question": "What is %d + 1?", "answer": "%d"}\n' % (i, i + 1) for i in range(32)))
+    custom.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(32)))
     trl = trl_same_args(str(tmp_path / "trl"), steps=1, prompts_per_step=16)
     cfg = engine_same_config(str(custom), 32, steps=1, prompts_per_step=16, stop_at_answer=stop)
     eng = grpo_args(cfg, 0, tmp_path / "engine", "cpu")
