@@ -88,19 +88,16 @@ def run_one(config: str, overrides: list[str]) -> dict:
     phase(T.CurriculumGRPOTrainer, "_generate_single_turn", "generate")
     phase(T.CurriculumGRPOTrainer, "training_step", "forward_backward")
     phase(AdamWBF16Moments, "step", "optimizer")
-    phase(T.CurriculumGRPOTrainer, "_ewc_grad_hook", "optimizer")
-    fisher = engine.compute_fisher
+    phase(T.CurriculumGRPOTrainer, "_ewc_grad_hook", "optimizer")  # (inside a step: the trainer's own methods)
 
-    def compute_fisher(*a, **k):
-        state["phase"] = "fisher"
-        try:
-            return fisher(*a, **k)
-        finally:
+    class Phases(engine.Observer):  # the Fisher pass through the engine's supported hook
+        def fisher_begin(self, stage):
+            state["phase"] = "fisher"
+
+        def fisher_end(self, stage):
             state["stage"] += 1
             state["phase"] = "other"
 
-    engine.compute_fisher = compute_fisher
-    patched.append((engine, "compute_fisher", fisher))
     cfg = load_config(config, [*overrides, "run.save_every=0", "run.eval_n=0"])
     threading.Thread(target=sampler, daemon=True).start()
     t0 = time.perf_counter()
@@ -108,7 +105,7 @@ def run_one(config: str, overrides: list[str]) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             run = RunDir.create(Path(tmp), cfg)
             state["phase"] = "other"
-            engine.train(cfg, run)
+            engine.train(cfg, run, observers=[Phases()])
     finally:
         stop.set()
         for obj, name, orig in reversed(patched):

@@ -381,7 +381,7 @@ def bench_trl(steps: int, tuned: bool = False, prompts_per_step: int = 16) -> di
 
 def bench_engine(steps: int, prompts_per_step: int, extra: list[str], cfg=None) -> dict:
     from grpo_app.config import load_config
-    from grpo_app.engine import _NullReporter, train
+    from grpo_app.engine import Reporter, train
     from grpo_app.fileio import read_jsonl
     from grpo_app.runs import RunDir
 
@@ -407,7 +407,7 @@ def bench_engine(steps: int, prompts_per_step: int, extra: list[str], cfg=None) 
         overrides = ["model.name=" + cfg.model.name, f"grpo.temperature={cfg.grpo.temperature}",
                      f"grpo.learning_rate={cfg.grpo.learning_rate}", f"grpo.stop_at_answer={cfg.grpo.stop_at_answer}",
                      f"grpo.shuffle_prompts={cfg.grpo.shuffle_prompts}", f"rewards.weights={cfg.rewards.weights}"]
-    class Collect(_NullReporter):  # keeps what the app's RunManager would write to the run folder
+    class Collect(Reporter):  # keeps what the app's RunManager would write to the run folder
         def __init__(self):
             self.metric_records, self.event_records = [], []
 

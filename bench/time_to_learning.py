@@ -44,6 +44,7 @@ class Snapshots:
         self.every, self.folder, self.t0, self.paused = every, folder, None, 0.0
         self.at_steps = at_steps  # also snapshot at these global steps (e.g. the end of each stage)
         self.points: list[dict] = []
+        self.total_steps = 0  # the run's, for the final snapshot
 
     def clock(self) -> float:
         return time.time() - self.t0 - self.paused
@@ -58,21 +59,23 @@ class Snapshots:
         self.points.append({"train_seconds": at, "step": step, "final": final, "path": path})
         self.paused += time.time() - t_mark
 
-    def callback(self):
-        from transformers import TrainerCallback
+    def observer(self):
+        """An `engine.Observer`: a snapshot at the first step end past each mark (and at `at_steps`), and
+        one of the trained model just before it is written out."""
+        from grpo_app.engine import Observer
 
         snaps = self
 
-        class _Snap(TrainerCallback):
-            def on_step_end(self, args, state, control, model=None, **kw):
-                if model is None:
-                    return
-                step = state.global_step + kw.get("offset", 0)
+        class _Snap(Observer):
+            def step_end(self, model, step, stage):
                 marks = sum(1 for p in snaps.points if p.get("mark"))
                 due = snaps.clock() >= snaps.every * (marks + 1)
                 if due or step in snaps.at_steps:
                     snaps.take(model, step)
                     snaps.points[-1].update(mark=due, at_step=step in snaps.at_steps)
+
+            def before_final_save(self, model):
+                snaps.take(model, snaps.total_steps, final=True)  # the trained model, before it is written out
 
         return _Snap()
 
@@ -120,7 +123,6 @@ def main() -> None:
     import torch
     from safetensors.torch import load_file
 
-    from grpo_app import engine
     from grpo_app.config import load_config
     from grpo_app.evaluation import (
         CompareSpec,
@@ -141,34 +143,16 @@ def main() -> None:
     tmp = tempfile.TemporaryDirectory(prefix="ttl-")
     snaps = Snapshots(a.every, Path(tmp.name), at_steps)
 
-    # Bench-only instrumentation: the engine's own callback also takes the snapshots (the engine offers no
-    # hook for this on purpose: a run never pays for it).
-    original = engine._EngineCallback.on_step_end
-    snap_cb = snaps.callback()
-
-    def on_step_end(self, args, state, control, **kw):
-        original(self, args, state, control, **kw)
-        snap_cb.on_step_end(args, state, control, offset=self.offset, **kw)
-
-    engine._EngineCallback.on_step_end = on_step_end
-    original_save = engine.save_final
-
-    def save_final(model, tokenizer, run, info):
-        snaps.take(model, cfg.total_steps, final=True)  # the trained model, before it is written out
-        return original_save(model, tokenizer, run, info)
-
-    engine.save_final = save_final
-
+    snaps.total_steps = cfg.total_steps
     manager = RunManager(runs_root(cfg.run.output_dir))
     snaps.t0 = time.time()
-    run = manager.start(cfg)
+    run = manager.start(cfg, observers=[snaps.observer()])  # the engine's supported hook (engine.Observer)
     print(f"# training {run.id}", file=sys.stderr, flush=True)
     manager.wait()
     wall = time.time() - snaps.t0
     st = run.read_status()
     if st.get("status") != "completed":
         raise SystemExit(f"run {run.id} ended {st.get('status')}: {st.get('error')}")
-    engine._EngineCallback.on_step_end, engine.save_final = original, original_save
 
     exclude = training_questions(cfg)
     sets = {}

@@ -48,7 +48,10 @@ from .runs import RunDir
 from .trainer import CurriculumGRPOTrainer, EngineOptions, StepAborted, restore_forward
 
 
-class _NullReporter:
+class Reporter:
+    """What the engine tells the outside world (the run folder, the live store, a bench): every method a
+    no-op here; `manager._JobReporter` writes them down, a bench may keep them (bench/step_speed.py)."""
+
     def event(self, kind, **data):
         pass
 
@@ -65,6 +68,34 @@ class _NullReporter:
         return False
 
     def activity(self, text):
+        pass
+
+
+class Observer:
+    """A supported hook into training for benches and tools (`train(..., observers=[...])`): each method is
+    called in the training thread at the moment its name says, with the live model where it has one; every
+    method here does nothing. An observer only looks (it must not change the weights); a stop is asked
+    through the reporter's `should_stop`, as the app asks it. A run never pays for a hook it was not given.
+
+    * `step_end(model, step, stage)`: an optimizer step ended (`step`: steps done in the run, 1 = first).
+    * `fisher_begin(stage)` / `fisher_end(stage)`: the Fisher pass after stage `stage` (0-based).
+    * `stage_end(model, stage)`: stage `stage` ended, before its Fisher pass.
+    * `before_final_save(model)`: training is complete; the final model is about to be written.
+    """
+
+    def step_end(self, model, step: int, stage: int) -> None:
+        pass
+
+    def fisher_begin(self, stage: int) -> None:
+        pass
+
+    def fisher_end(self, stage: int) -> None:
+        pass
+
+    def stage_end(self, model, stage: int) -> None:
+        pass
+
+    def before_final_save(self, model) -> None:
         pass
 
 
@@ -178,8 +209,10 @@ def _cuda_bf16() -> bool:
 class _EngineCallback(TrainerCallback):
     """Turns TRL's logs into metric records, honours stop requests, times steps."""
 
-    def __init__(self, cfg: Config, stage_index: int, offset: int, reporter, run_start: float, trainer_ref):
+    def __init__(self, cfg: Config, stage_index: int, offset: int, reporter, run_start: float, trainer_ref,
+                 observers=()):
         self.cfg, self.k, self.offset, self.reporter = cfg, stage_index, offset, reporter
+        self.observers = tuple(observers)
         self.run_start = run_start
         self.trainer_ref = trainer_ref
         self.last_time = None
@@ -200,6 +233,10 @@ class _EngineCallback(TrainerCallback):
             tr._set_activity("update")
 
     def on_step_end(self, args, state, control, **kw):
+        if self.observers:
+            tr = self.trainer_ref()
+            for ob in self.observers:
+                ob.step_end(tr.model if tr is not None else kw.get("model"), self.offset + state.global_step, self.k)
         if state.global_step >= args.max_steps:
             control.should_save = True  # every stage ends with a checkpoint (resume and the Fisher rely on it)
         if distributed.any_true(self.reporter.should_stop()):  # every process stops at the same step
@@ -393,8 +430,9 @@ def _ewc_saved(run: RunDir, k: int) -> bool:
 class _Job:
     """One call of `train`: holds the model and the state shared by the stages."""
 
-    def __init__(self, cfg: Config, run: RunDir, reporter):
+    def __init__(self, cfg: Config, run: RunDir, reporter, observers=()):
         self.cfg, self.run, self.reporter = cfg, run, reporter
+        self.observers = tuple(observers)
         self.t_start = time.time()
         self.model = self.tok = self.spec = None
         self.device: torch.device | None = None  # the model's, once loaded
@@ -435,12 +473,17 @@ class _Job:
                 asked.append(True)
             return bool(asked)
 
+        for ob in self.observers:
+            ob.fisher_begin(k)
         try:
             fisher, stats = compute_fisher(
                 self.model, samples, should_stop=None if distributed.active() else stop_asked
             )
         except InterruptedError:  # stopped before its first sample
             return False
+        finally:
+            for ob in self.observers:
+                ob.fisher_end(k)
         if asked:  # cut short: a partial Fisher is never used
             del fisher
             gc.collect()
@@ -518,7 +561,7 @@ class _Job:
                 },
             )
 
-        cb = _EngineCallback(cfg, k, offset, reporter, self.t_start, lambda: box.get("t"))
+        cb = _EngineCallback(cfg, k, offset, reporter, self.t_start, lambda: box.get("t"), self.observers)
         in_step = not distributed.active()  # see the module docstring: in-step stops are single-process
         trainer = CurriculumGRPOTrainer(
             model=self.model,
@@ -590,10 +633,11 @@ class _Job:
         return info
 
 
-def train(cfg: Config, run: RunDir, reporter=None, resume: bool = False) -> str:
-    """Run (or resume) the job described by `cfg` in `run`. Returns 'completed' or 'stopped'."""
-    reporter = reporter or _NullReporter()
-    job = _Job(cfg, run, reporter)
+def train(cfg: Config, run: RunDir, reporter=None, resume: bool = False, observers=()) -> str:
+    """Run (or resume) the job described by `cfg` in `run`. Returns 'completed' or 'stopped'.
+    `observers`: `Observer`s that see each step, stage end, Fisher pass and the final model (benches)."""
+    reporter = reporter or Reporter()
+    job = _Job(cfg, run, reporter, observers)
     _tracker_setup(cfg, run)
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)
@@ -669,6 +713,8 @@ def train(cfg: Config, run: RunDir, reporter=None, resume: bool = False) -> str:
             return "stopped"
         offset += cfg.stages[k].steps
         reporter.event("stage_end", stage=k, name=cfg.stages[k].name, step=offset)
+        for ob in job.observers:
+            ob.stage_end(job.model, k)
         if job.ewc is None and k < n_stages - 1 and distributed.is_main():
             save_stage_end(job.model, run, k)  # (with EWC the anchor keeps them; the last stage's are final/)
         if job.ewc is not None and k < n_stages - 1:
@@ -692,6 +738,8 @@ def train(cfg: Config, run: RunDir, reporter=None, resume: bool = False) -> str:
     if not distributed.is_main():  # rank 0 saves the model and evaluates it
         distributed.barrier()
         return "completed"
+    for ob in job.observers:
+        ob.before_final_save(job.model)
     path = save_final(job.model, job.tok, run, info)
     distributed.barrier()
     reporter.event("final_saved", path=str(path.relative_to(run.path)))

@@ -208,9 +208,10 @@ class _JobReporter:
         self.event("stop_requested", waiting_for=doing, **({"why": why} if why else {}))
 
 
-def run_job(run: RunDir, resume: bool, reporter: _JobReporter) -> None:
+def run_job(run: RunDir, resume: bool, reporter: _JobReporter, observers=()) -> None:
     """Train `run` (and evaluate it against its base when it completes), reporting through `reporter`; the
-    memory chart samples this process's RSS. A crash marks the run failed; nothing is raised."""
+    memory chart samples this process's RSS. A crash marks the run failed; nothing is raised.
+    `observers`: `engine.Observer`s handed to `engine.train` (benches)."""
     from .engine import train
 
     def on_mem(sample):
@@ -222,7 +223,7 @@ def run_job(run: RunDir, resume: bool, reporter: _JobReporter) -> None:
     t0 = time.time()
     try:
         cfg = run.config()
-        final = train(cfg, run, reporter, resume=resume)
+        final = train(cfg, run, reporter, resume=resume, observers=observers)
         if final == "completed" and run.has_final_model():
             _evaluate(run, cfg, reporter)
             reporter.event("finished", seconds=round(time.time() - t0, 1))
@@ -323,10 +324,14 @@ class RunManager:
         return snap
 
     # ---- lifecycle ----------------------------------------------------------------------------
-    def start(self, cfg: Config, before_launch=None) -> RunDir:
+    def start(self, cfg: Config, before_launch=None, observers=()) -> RunDir:
         """Create a run folder for `cfg` and train in a background thread (`before_launch(run)` runs first).
         Raises ConfigError when the settings are invalid, or when one step would not fit this machine's memory
-        or the server's step-time limit (estimate.check_step, with the estimate in the message)."""
+        or the server's step-time limit (estimate.check_step, with the estimate in the message).
+        `observers` (`engine.Observer`, benches): they see the model, so only a manager that trains in this
+        process takes them."""
+        if observers and self.process:
+            raise ValueError("observers see the live model: they need a manager that trains in this process.")
         cfg.validate()
         check_step(cfg)
         with self._lock:
@@ -338,7 +343,7 @@ class RunManager:
             except Exception:
                 self._file_lock.release()
                 raise
-            self._launch(run, resume=False)
+            self._launch(run, resume=False, observers=observers)
             return run
 
     def resume(self, run_id: str, before_launch=None) -> RunDir:
@@ -370,7 +375,7 @@ class RunManager:
         if not self._file_lock.acquire():
             raise RunInProgressError("a run is in progress in another process on this server; wait for it to finish.")
 
-    def _launch(self, run: RunDir, resume: bool):
+    def _launch(self, run: RunDir, resume: bool, observers=()):
         self._stop = threading.Event()
         self._run = run
         self.store.reset(
@@ -393,13 +398,13 @@ class RunManager:
             return
         self._reporter = _JobReporter(run, self.store, self._stop)
         self._thread = threading.Thread(
-            target=self._work, args=(run, resume, self._reporter), name=f"train-{run.id}", daemon=True
+            target=self._work, args=(run, resume, self._reporter, observers), name=f"train-{run.id}", daemon=True
         )
         self._thread.start()
 
-    def _work(self, run: RunDir, resume: bool, reporter: _JobReporter):
+    def _work(self, run: RunDir, resume: bool, reporter: _JobReporter, observers=()):
         try:
-            run_job(run, resume, reporter)
+            run_job(run, resume, reporter, observers)
         finally:
             self._file_lock.release()
 

@@ -117,7 +117,7 @@ def test_a_training_run_samples_with_the_hint_and_records_the_plain_question(tmp
                                                   "stages[0].steps=1", "stages[1].steps=1", "ewc.enabled=false"])
     steps = []
 
-    class Steps(engine._NullReporter):
+    class Steps(engine.Reporter):
         def step(self, snap):
             steps.append(snap)
 
