@@ -456,17 +456,20 @@ def memory_figure(
     return fig
 
 
-def training_figures(view: dict) -> dict[str, Chart]:
-    """All training charts of one run view ({run_id, metrics, events, memory, stages, started})."""
+def training_figures(view: dict, memory: bool = True) -> dict[str, Chart]:
+    """The training charts of one run view ({run_id, metrics, events, memory, stages, started}); the page
+    builds the memory chart on its own clock (`memory=False` leaves it out)."""
     rev = view.get("run_id") or "none"
     metrics, stages = view.get("metrics") or [], view.get("stages")
-    return {
+    figs = {
         "reward": reward_figure(metrics, stages, rev),
         "loss": loss_figure(metrics, stages, rev),
         "length": length_figure(metrics, stages, rev),
-        "memory": memory_figure(view.get("memory") or [], view.get("events") or [], view.get("started"), rev),
         "throughput": throughput_figure(metrics, stages, rev),
     }
+    if memory:
+        figs["memory"] = memory_figure(view.get("memory") or [], view.get("events") or [], view.get("started"), rev)
+    return figs
 
 
 # ------------------------------------------------------------------------------------------------

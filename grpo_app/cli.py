@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from .config import _cut
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
@@ -53,11 +55,6 @@ def _print_config_error(e) -> None:
         print(f"Invalid configuration: {lines[0]}", file=sys.stderr)
     else:
         print("Invalid configuration:\n" + "\n".join(f"  {line}" for line in lines), file=sys.stderr)
-
-
-def _cut(text, limit: int) -> str:
-    text = str(text)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _runs_dir(path) -> Path:

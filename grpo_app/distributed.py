@@ -18,35 +18,28 @@ are an error, not a result. Without a process group every helper here is a no-op
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.distributed as dist
 
-
-def _env_int(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, default))
-    except ValueError:
-        return default
+from .system import env_int
 
 
 def world_size() -> int:
     """Processes in this training job: the process group's size, else what the launcher set."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size()
-    return _env_int("WORLD_SIZE", 1)
+    return env_int("WORLD_SIZE", 1)
 
 
 def rank() -> int:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank()
-    return _env_int("RANK", 0)
+    return env_int("RANK", 0)
 
 
 def local_processes() -> int:
     """Processes the launcher started on this machine (1 without a launcher)."""
-    return max(1, _env_int("LOCAL_WORLD_SIZE", 1))
+    return max(1, env_int("LOCAL_WORLD_SIZE", 1))
 
 
 def is_main() -> bool:
@@ -67,7 +60,7 @@ def init(device: str = "auto") -> None:
 
     cpu = device == "cpu" or not torch.cuda.is_available()
     if not cpu:
-        torch.cuda.set_device(_env_int("LOCAL_RANK", 0))
+        torch.cuda.set_device(env_int("LOCAL_RANK", 0))
     PartialState(cpu=cpu)
 
 

@@ -43,7 +43,7 @@ GEN_UTIL = ((16, 0.177), (32, 0.259), (64, 0.33), (128, 0.38), (256, 0.413))  # 
 TRAIN_UTIL = 0.61
 ACT_FACTOR = 1.39  # measured bytes kept per token and layer / 4 x (4d + 2I + 2 q/o + 2 k/v widths), SmolLM2
 RUNTIME_BYTES = 643 * MB  # 2250 MB measured - 1607 MB estimated for the rest (quick preset)
-LOGPROB_CHUNK = 512  # trainer.LOGPROB_CHUNK: LM-head positions per chunk in the training pass
+LOGPROB_CHUNK = 512  # LM-head positions per chunk in the training pass (trainer.py uses this one)
 
 # Shapes of the hub models the presets name (their config.json), for machines that have not downloaded them.
 KNOWN_SHAPES = {

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import HUB_ID_RE, Config
-from .fileio import read_json, read_json_object, staged_dir
+from .fileio import read_json_object, staged_dir
 from .runs import RunDir
 
 FORMATS = ("gguf", "safetensors")
@@ -517,13 +517,3 @@ def push_to_hub(folder: Path, repo_id: str, token: str | None = None, private: b
     return f"https://huggingface.co/{repo_id}"
 
 
-def exported_folders(run: RunDir) -> list[dict]:
-    """Earlier exports in the run folder (for the Runs tab and `export --list`)."""
-    out = []
-    root = run.path / "export"
-    if root.is_dir():
-        for d in sorted(root.iterdir()):
-            info = read_json(d / MARKER)
-            if isinstance(info, dict):
-                out.append({**info, "folder": d.name})
-    return out

@@ -68,6 +68,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 from trl import GRPOTrainer
 
+from .estimate import LOGPROB_CHUNK  # (one value: the training pass and the memory estimate)
 from .fileio import publish_dir
 from .generation import SamplingParams, generate_completions
 from .optim import AdamWBF16Moments, trim_heap
@@ -83,7 +84,6 @@ class StepAborted(Exception):
 # TRL's fused LM head projects 32768 positions per chunk: a [32768, vocab] float32 block (and its
 # softmax temporaries) is ~0.5 GB at peak for SmolLM2. 512 positions keep the GEMMs efficient and
 # the peak small (measured: backward peak RSS 3.1 -> 2.6 GB, same step time).
-LOGPROB_CHUNK = 512
 if hasattr(_trl_utils, "_CHUNKED_LOGPROB_CHUNK_SIZE"):
     _trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE = min(_trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE, LOGPROB_CHUNK)
 

@@ -320,5 +320,4 @@ def _passk_update(figure_json):
 
 
 def _errors_html(errors) -> str:
-    items = "".join(f"<li>{render._e(m)}</li>" for _, m in errors)
-    return f'<div class="job job-bad">Nothing was started:<ul>{items}</ul></div>'
+    return render.errors_html(errors, "Nothing was started:")

@@ -29,6 +29,7 @@ from ..config import (
     ConfigError,
     GRPOSettings,
     StageConfig,
+    _show,
     collect_errors,
     config_from_dict,
     field_bounds,
@@ -125,11 +126,6 @@ def parse_bool(value, path: str, label: str, errors: list):
         return bool(value)
     errors.append((path, f"{label}: expected on or off (true/false), got {_show(value)}."))
     return None
-
-
-def _show(value) -> str:
-    s = repr(value)
-    return s if len(s) <= 40 else s[:37] + "..."
 
 
 def sanitize_run_name(name) -> tuple[str, str | None]:

@@ -39,6 +39,12 @@ def _fmt(x, digits: int = 3) -> str:
     return f"{x:.{digits}f}"
 
 
+def errors_html(errors, lead: str) -> str:
+    """A refusal on a page: `lead` (e.g. 'Nothing was started:') and one line per (field, message)."""
+    items = "".join(f"<li>{_e(m)}</li>" for _, m in errors)
+    return f'<div class="job job-bad">{_e(lead)}<ul>{items}</ul></div>'
+
+
 def badge(state: str, text: str | None = None) -> str:
     color = STATE_COLORS.get(state, "#555")
     return f'<span class="badge" style="background:{color}">{_e(text or state)}</span>'

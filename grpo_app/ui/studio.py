@@ -20,14 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..charts import (
-    difficulty_figure,
-    length_figure,
-    loss_figure,
-    memory_figure,
-    reward_figure,
-    throughput_figure,
-)
+from ..charts import difficulty_figure, memory_figure, training_figures
 from ..config import CONFIG_DIR, ConfigError, DataConfig
 from ..data import DataError, load_gsm8k, make_arithmetic, parse_custom_dataset
 from ..fileio import read_json
@@ -37,30 +30,23 @@ from ..models import allowed_model_roots, model_label
 from ..monitor import current_view, disk_view, job_start, live_view, progress, resume_target
 from ..playground import ModelCache, check_gold, check_question
 from ..runs import RunDir
+from ..system import env_int
 from . import forms, render
 from .forms import FormError, TrainForm
 
 log = logging.getLogger("grpo_app.ui")
 
 
-def _env_int(name: str, default: int, lo: int, hi: int) -> int:
-    try:
-        v = int(os.environ.get(name, default))
-    except ValueError:
-        return default
-    return max(lo, min(hi, v))
-
-
 @dataclass
 class Limits:
     """What one request may ask of this server (environment variables override the defaults)."""
 
-    max_upload_mb: int = field(default_factory=lambda: _env_int("GRPO_APP_MAX_UPLOAD_MB", 5, 1, 20))
-    max_eval_n: int = field(default_factory=lambda: _env_int("GRPO_APP_MAX_EVAL_N", 500, 1, 5000))
+    max_upload_mb: int = field(default_factory=lambda: env_int("GRPO_APP_MAX_UPLOAD_MB", 5, 1, 20))
+    max_eval_n: int = field(default_factory=lambda: env_int("GRPO_APP_MAX_EVAL_N", 500, 1, 5000))
     max_eval_tokens: int = 1024
-    max_pass_k: int = field(default_factory=lambda: _env_int("GRPO_APP_MAX_PASS_K", 16, 1, 64))
+    max_pass_k: int = field(default_factory=lambda: env_int("GRPO_APP_MAX_PASS_K", 16, 1, 64))
     max_try_tokens: int = 512
-    eval_pending: int = field(default_factory=lambda: _env_int("GRPO_APP_EVAL_QUEUE", 3, 1, 50))
+    eval_pending: int = field(default_factory=lambda: env_int("GRPO_APP_EVAL_QUEUE", 3, 1, 50))
     eval_idle_s: float = 90.0
 
 
@@ -357,15 +343,10 @@ class Studio:
     def chart_json(self, view: dict, names=TRAIN_CHARTS) -> dict[str, str]:
         """Plotly JSON of the training charts of `view`, built once per `charts_version` for every page."""
         rev = view.get("run_id") or "none"
-        metrics, stages, events = view.get("metrics") or [], view.get("stages"), view.get("events") or []
+        events = view.get("events") or []
 
         def build_steps():
-            return {
-                "reward": reward_figure(metrics, stages, rev).to_json(),
-                "loss": loss_figure(metrics, stages, rev).to_json(),
-                "length": length_figure(metrics, stages, rev).to_json(),
-                "throughput": throughput_figure(metrics, stages, rev).to_json(),
-            }
+            return {name: fig.to_json() for name, fig in training_figures(view, memory=False).items()}
 
         def build_memory():
             return memory_figure(view.get("memory") or [], events, view.get("started"), rev).to_json()

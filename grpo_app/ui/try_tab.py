@@ -151,5 +151,4 @@ def create_try_tab(studio: Studio) -> TryTab:
 
 
 def _errors_html(errors) -> str:
-    items = "".join(f"<li>{render._e(m)}</li>" for _, m in errors)
-    return f'<div class="job job-bad">Not asked:<ul>{items}</ul></div>'
+    return render.errors_html(errors, "Not asked:")
