@@ -35,7 +35,7 @@ DEFAULT_SYSTEM_PROMPT = (
     "'#### <number>'."
 )
 
-SOURCES = ("gsm8k", "arithmetic", "gsm_symbolic", "custom")
+SOURCES = ("gsm8k", "arithmetic", "word", "gsm_symbolic", "custom")
 MAX_SEED = 2**31 - 1  # seeds feed torch, random and numpy generators; the web form uses the same bound
 FORCED_LOSS = ("train", "mask")
 LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")
@@ -258,8 +258,8 @@ class StageConfig:
     max_difficulty: int = _f(2, "Highest difficulty, inclusive.")
     steps: int = _f(10, "Optimizer steps in this stage.")
     num_problems: int = _f(256, "Size of the problem pool drawn for this stage.")
-    max_digits: int = _f(2, "arithmetic only: largest number of digits per operand.")
-    operators: str = _f("+-", "arithmetic only: operators to use, from '+-*/'.")
+    max_digits: int = _f(2, "arithmetic and word: largest number of digits per operand.")
+    operators: str = _f("+-", "arithmetic: operators to use, from '+-*/'; word: '+', '-' or '+-'.")
     negation: bool = _f(
         False, "arithmetic only: also negated operands and parentheses, e.g. '-17 + (3 - -5)' (much harder)."
     )
@@ -310,6 +310,12 @@ class StageConfig:
                 e.append(("max_digits", "must be 1..6."))
             if not self.operators or any(c not in "+-*/" for c in self.operators):
                 e.append(("operators", f"{_show(self.operators)} must use only the characters + - * /."))
+        if self.source == "word":
+            if not 1 <= self.max_digits <= 4:
+                e.append(("max_digits", "word problems: must be 1..4."))
+            if not self.operators or any(c not in "+-" for c in self.operators):
+                e.append(("operators", f"{_show(self.operators)}: word problems are one addition or subtraction; "
+                                       "use '+', '-' or '+-'."))
         if self.problem_ids:
             if self.source != "gsm8k":
                 e.append(("problem_ids", f"lists GSM8K problems but the source is {_show(self.source)}; "

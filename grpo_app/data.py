@@ -1,7 +1,7 @@
 """Problems and where they come from (answers are read by answers.py, prompts built by prompts.py).
 
 Difficulty is the number of calculation steps of a problem's worked solution (GSM8K: its
-'<<a*b=c>>' calculator annotations; arithmetic: its operators; gsm_symbolic: lines with '=').
+'<<a*b=c>>' calculator annotations; arithmetic: its operators; gsm_symbolic: lines with '='; word: 1).
 
 Sources: GSM8K from a local folder (config or GRPO_APP_GSM8K_DIR), from the hub when it is
 reachable, and otherwise tasks generated offline by the `reasoning-gym` package.
@@ -243,6 +243,57 @@ def make_gsm_symbolic(n: int, seed: int) -> list[Problem]:
     return out
 
 
+# ---- One-step word problems (generated here, offline) ---------------------------------------------
+# A story around one addition or one subtraction, e.g. "Mia has 34 stickers. She gets 27 more. How many
+# stickers does Mia have now?": the step from arithmetic to GSM8K that the model can take at 135M (GSM8K's
+# easiest problems need two or more steps, and gsm_symbolic's stories are GSM8K test questions). The answer is
+# never negative (a subtraction takes the smaller number from the larger). Difficulty 1 (one step).
+_WORD_NAMES = ("Mia", "Leo", "Ava", "Sam", "Zoe", "Ben", "Ivy", "Max", "Lily", "Omar", "Nora", "Theo",
+               "Ella", "Ravi", "Lucy", "Jack", "Emma", "Finn", "Rosa", "Kai")
+_WORD_ITEMS = ("apples", "stickers", "marbles", "books", "pencils", "cookies", "shells", "cards", "stamps",
+               "balloons", "coins", "beads", "flowers", "crayons", "toy cars", "eggs")
+_WORD_ADD = (
+    "{n} has {a} {x}. {p} gets {b} more. How many {x} does {n} have now?",
+    "{n} picked {a} {x} in the morning and {b} {x} in the afternoon. How many {x} did {n} pick in all?",
+    "There are {a} {x} in a box and {b} {x} in a bag. How many {x} are there altogether?",
+    "{n} bought {a} {x} on Monday and {b} {x} on Tuesday. How many {x} did {n} buy?",
+    "{n} has {a} {x} and {m} has {b} {x}. How many {x} do they have together?",
+    "A shop sold {a} {x} before lunch and {b} {x} after lunch. How many {x} did it sell that day?",
+)
+_WORD_SUB = (
+    "{n} has {a} {x}. {p} gives {b} of them away. How many {x} does {n} have left?",
+    "There were {a} {x} on the table. {n} took {b} of them. How many {x} are still on the table?",
+    "{n} has {a} {x} and {m} has {b} {x}. How many more {x} does {n} have than {m}?",
+    "A shop had {a} {x}. It sold {b} of them. How many {x} does the shop have now?",
+    "{n} needs {a} {x} and already has {b}. How many more {x} does {n} need?",
+    "{n} had {a} {x} and lost {b} of them. How many {x} does {n} have now?",
+)
+_PRONOUN = {name: ("She" if name in {"Mia", "Ava", "Zoe", "Ivy", "Lily", "Nora", "Ella", "Lucy", "Emma", "Rosa"}
+                   else "He") for name in _WORD_NAMES}
+
+
+def make_word_problems(n: int, seed: int, max_digits: int = 2, operators: str = "+-") -> list[Problem]:
+    """`n` one-step word problems (`operators`: '+', '-' or both), numbers of 1 to `max_digits` digits."""
+    ops = [o for o in "+-" if o in operators] or ["+", "-"]
+    out = []
+    for i in range(n):
+        rng = random.Random(f"word-{seed}-{i}")  # item i depends on (seed, i) only, like basic_arithmetic's
+        op = rng.choice(ops)
+        hi = 10 ** max_digits - 1
+        a, b = rng.randint(2, hi), rng.randint(1, hi)
+        if op == "-":
+            if a == b:
+                a += 1
+            a, b = max(a, b), min(a, b)
+        name, other = rng.sample(_WORD_NAMES, 2)
+        template = rng.choice(_WORD_ADD if op == "+" else _WORD_SUB)
+        question = template.format(n=name, m=other, p=_PRONOUN[name], a=a, b=b, x=rng.choice(_WORD_ITEMS))
+        gold = str(a + b if op == "+" else a - b)
+        out.append(Problem(id=f"word-{seed}-{i}", question=question, answer=gold,
+                           solution=f"{a} {op} {b} = {gold}\n#### {gold}", difficulty=1, source="word"))
+    return out
+
+
 # ---- Custom uploads ------------------------------------------------------------------------------
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 MAX_UPLOAD_ROWS = 50_000
@@ -417,6 +468,9 @@ def stage_pool(stage, data_cfg, seed: int, split: str = "train") -> StagePool:
             + (", negation" if stage.negation else ""),
             "arithmetic",
         )
+    if source == "word":
+        probs = make_word_problems(n, seed, stage.max_digits, stage.operators)
+        return StagePool(probs, f"one-step word problems ('{stage.operators}', <= {stage.max_digits} digits)", "word")
     if source == "gsm_symbolic":
         probs = _filter_difficulty(make_gsm_symbolic(max(4 * n, 64), seed), lo, hi)
         if len(probs) < min(n, 8):

@@ -1,7 +1,9 @@
+import re
+
 import pytest
 
 from grpo_app.answers import answers_match, extract_answer, extract_final_answer, has_final_line, normalize_number
-from grpo_app.config import DataConfig, StageConfig
+from grpo_app.config import DataConfig, StageConfig, load_config
 from grpo_app.data import (
     DataError,
     gsm8k_difficulty,
@@ -332,3 +334,34 @@ def test_replay_is_checked(override, words):
     with pytest.raises(ConfigError) as err:
         load_config("tests/configs/tiny.yaml", [override])
     assert any("replay" in p and words in m for p, m in err.value.errors), err.value.errors
+
+
+def test_word_problems_are_one_step_stories_with_the_right_answer():
+    from grpo_app.data import heldout_pool, make_word_problems, stage_pool
+
+    probs = make_word_problems(200, seed=3, max_digits=2, operators="+-")
+    assert make_word_problems(200, seed=3) == probs and make_word_problems(200, seed=4) != probs  # seeded
+    assert make_word_problems(5, seed=3) == probs[:5]  # item i depends on (seed, i) only
+    ops = set()
+    for p in probs:
+        a, op, b = re.fullmatch(r"(\d+) ([+-]) (\d+) = -?\d+\n#### -?\d+", p.solution).groups()
+        assert f" {a} " in f" {p.question} " and f" {b} " in f" {p.question} ".replace(".", " ")
+        want = int(a) + int(b) if op == "+" else int(a) - int(b)
+        assert p.answer == str(want) and want >= 0 and p.difficulty == 1 and p.source == "word"
+        assert int(a) <= 99 and int(b) <= 99
+        ops.add(op)
+    assert ops == {"+", "-"}
+    assert {p.solution.split()[1] for p in make_word_problems(50, 1, operators="-")} == {"-"}
+    stage = StageConfig(name="w", source="word", max_digits=2, operators="+-", num_problems=64)
+    pool = stage_pool(stage, DataConfig(), seed=0)
+    assert len(pool.problems) == 64 and pool.source == "word"
+    held = heldout_pool(stage, DataConfig(), 50, seed=0, exclude_questions={p.question for p in pool.problems})
+    assert len(held.problems) == 50 and not {p.question for p in held.problems} & {p.question for p in pool.problems}
+
+
+@pytest.mark.parametrize(("override", "words"), [("max_digits=5", "1..4"), ("operators='*'", "'+', '-' or '+-'")])
+def test_word_stage_options_are_checked(override, words):
+    from grpo_app.config import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        load_config("quick", ["stages[0].source=word", f"stages[0].{override}"])

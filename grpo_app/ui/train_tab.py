@@ -39,8 +39,9 @@ assert [v for _, v in GSM8K_CHOICES] == list(GSM8K_MODES)
 
 STAGES_HELP = (
     "One row per curriculum stage, trained in order. **source**: `arithmetic` (generated sums; difficulty = "
-    "number of operators, 1–5), `gsm8k` (grade-school word problems; difficulty = calculation steps, mostly 2–4), "
-    "`gsm_symbolic` (generated word problems), `custom` (your uploaded file). Add or delete rows as you like. "
+    "number of operators, 1–5), `word` (generated one-step word problems: one addition or subtraction in a short "
+    "story), `gsm8k` (grade-school word problems; difficulty = calculation steps, mostly 2–4), "
+    "`gsm_symbolic` (generated GSM8K-like word problems), `custom` (your uploaded file). Add or delete rows as you like. "
     "The last three may stay blank: a stage's own **learning rate** and **EWC λ** (blank = the run's), and "
     "**replay**, the share of its problems taken from earlier stages (0–0.9; blank = none)."
 )
