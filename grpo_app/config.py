@@ -377,13 +377,15 @@ class RewardsConfig:
 @dataclass
 class GRPOSettings:
     num_generations: int = _f(8, "G: completions sampled per prompt; advantages compare within this group.", lo=2, hi=64)
-    prompts_per_step: int = _f(4, "Distinct prompts per optimizer step (a step trains on prompts_per_step x G).")
+    prompts_per_step: int = _f(
+        4, "Distinct prompts per optimizer step (a step trains on prompts_per_step x G).", lo=1, hi=64
+    )
     micro_batch_size: int = _f(
         0,
         "Completions per forward/backward chunk (smaller = less memory, a little slower); 0 = G. "
         "Must divide prompts_per_step x G.",
     )
-    max_completion_length: int = _f(128, "Maximum new tokens per completion.")
+    max_completion_length: int = _f(128, "Maximum new tokens per completion.", lo=8, hi=2048)
     temperature: float = _f(1.0, "Sampling temperature during training.")
     top_p: float = _f(1.0, "Nucleus sampling during training (1.0 = off).")
     top_k: int = _f(0, "Top-k sampling during training (0 = off).")
@@ -457,8 +459,9 @@ class GRPOSettings:
             )
         if self.num_generations > g_hi:
             e.append(("num_generations", f"is above {g_hi}; that will not fit a CPU step."))
-        if self.prompts_per_step < 1:
-            e.append(("prompts_per_step", "must be at least 1."))
+        p_lo, p_hi = field_bounds(GRPOSettings, "prompts_per_step")
+        if not p_lo <= self.prompts_per_step <= p_hi:
+            e.append(("prompts_per_step", f"must be between {p_lo} and {p_hi} (got {self.prompts_per_step})."))
         mb = self.micro_batch_size
         if mb < 0:
             e.append(("micro_batch_size", "must be 0 (= G) or positive."))
@@ -470,8 +473,9 @@ class GRPOSettings:
                     f"micro_batch_size ({mb}).",
                 )
             )
-        if not 1 <= self.max_completion_length <= 4096:
-            e.append(("max_completion_length", "must be between 1 and 4096 tokens."))
+        c_lo, c_hi = field_bounds(GRPOSettings, "max_completion_length")
+        if not c_lo <= self.max_completion_length <= c_hi:
+            e.append(("max_completion_length", f"must be between {c_lo} and {c_hi} tokens (got {self.max_completion_length})."))
         if self.temperature <= 0 or self.temperature > 5:
             e.append(("temperature", f"must be in (0, 5]; GRPO needs sampling (got {self.temperature})."))
         if not 0 < self.top_p <= 1:
@@ -530,6 +534,8 @@ class EWCConfig:
         "lambda: strength of the penalty lambda/2 * sum_i F_i (theta_i - theta*_i)^2 (with normalize, F has mean 1). "
         "1000 kept all of stage 1's held-out gain on SmolLM2-135M in the classroom preset (docs/experiments.md).",
         aliases=("lambda",),
+        lo=0.0,
+        hi=1e9,
     )
     fisher_samples: int = _f(32, "Completions whose log-likelihood gradients estimate the Fisher at a stage's end.")
     fisher_source: str = _f(
@@ -554,8 +560,9 @@ class EWCConfig:
 
     def check(self, cfg: Config, check_paths: bool = True) -> list[tuple[str, str]]:
         e = []
-        if self.lam < 0:
-            e.append(("lam", f"lambda must be 0 or more (got {self.lam})."))
+        l_lo, l_hi = field_bounds(EWCConfig, "lam")
+        if not l_lo <= self.lam <= l_hi:
+            e.append(("lam", f"lambda must be 0 or more, at most {l_hi:g} (got {self.lam:g})."))
         if self.fisher_samples < 1:
             e.append(("fisher_samples", "must be at least 1 (16-64 is typical)."))
         if self.fisher_source not in FISHER_SOURCES:

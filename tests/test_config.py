@@ -119,7 +119,7 @@ def test_each_section_checks_itself_and_collect_errors_adds_the_path():
     from grpo_app.config import Config, EWCConfig, GRPOSettings, StageConfig, collect_errors
 
     cfg = Config()
-    assert EWCConfig(lam=-1).check(cfg) == [("lam", "lambda must be 0 or more (got -1).")]
+    assert EWCConfig(lam=-1).check(cfg) == [("lam", "lambda must be 0 or more, at most 1e+09 (got -1).")]
     assert [f for f, _ in GRPOSettings(num_generations=1, top_p=0).check(cfg)] == ["num_generations", "top_p"]
     cfg.stages = [StageConfig(source="arithmetic", steps=3), StageConfig(steps=0)]
     cfg.ewc.lam = -1
@@ -290,3 +290,4 @@ def load_config_text(text):
     from grpo_app.config import config_from_dict
 
     return config_from_dict(yaml.safe_load(text))
+

@@ -53,7 +53,7 @@ def test_an_absurd_combination_is_refused_with_the_estimate():
         E.check_step(cfg, REFERENCE, max_minutes=15)
     (path, msg), = e.value.errors
     assert path == "one training step"
-    assert "32 prompts x G = 64 completions of up to 1024 tokens" in msg
+    assert f"{MAX_PROMPTS_PER_STEP} prompts x G = 64 completions of up to {MAX_COMPLETION_TOKENS} tokens" in msg
     assert "MB available" in msg and "limit of 15 min a step" in msg  # both: memory and time
     assert "peak memory ~" in msg and "KV cache" in msg and "GFLOP/s measured" in msg  # the estimate itself
     assert "Lower G" in msg

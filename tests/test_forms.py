@@ -246,3 +246,23 @@ def test_the_stage_table_carries_per_stage_settings(roots):
     from grpo_app.ui.forms import stage_rows
 
     assert stage_rows(cfg.stages) == [["a", "arithmetic", 1, 1, 2, "", "", ""], ["b", "arithmetic", 2, 2, 3, "5e-05", "0", "0.25"]]
+
+
+@pytest.mark.parametrize(("section", "name", "field", "path"), [
+    ("grpo", "max_completion_length", "max_completion_length", "grpo.max_completion_length"),
+    ("grpo", "prompts_per_step", "prompts_per_step", "grpo.prompts_per_step"),
+    ("ewc", "lam", "ewc_lam", "ewc.lam"),
+])
+def test_one_bound_per_setting_for_the_yaml_and_the_form(roots, section, name, field, path):
+    """A bound is declared once, on the config field: the config's check and the form refuse the same values."""
+    from grpo_app.config import ConfigError, EWCConfig, GRPOSettings, field_bounds, load_config
+
+    lo, hi = field_bounds({"grpo": GRPOSettings, "ewc": EWCConfig}[section], name)
+    above = hi * 2 if isinstance(hi, float) else hi + 1
+    load_config("quick", [f"{path}={hi}"])  # the bound itself is allowed
+    with pytest.raises(ConfigError) as e:
+        load_config("quick", [f"{path}={above}"])
+    assert any(p == path for p, _ in e.value.errors)
+    with pytest.raises(FormError) as f:
+        build(base_form(**{field: above}), roots)
+    assert any(p == path for p, _ in f.value.errors)

@@ -27,6 +27,7 @@ from ..config import (
     SPECIAL_MODELS,
     Config,
     ConfigError,
+    EWCConfig,
     GRPOSettings,
     StageConfig,
     _show,
@@ -43,8 +44,9 @@ STAGE_REQUIRED = 5  # the last three cells may be left blank: the run's learning
 MAX_STAGES = 10
 MAX_STEPS_PER_STAGE = 5000
 MAX_DIFFICULTY = 20
-MAX_COMPLETION_TOKENS = 1024
-MAX_PROMPTS_PER_STEP = 32
+# (the bounds are the config fields': one limit for the YAML, the CLI and this form)
+MAX_COMPLETION_TOKENS = field_bounds(GRPOSettings, "max_completion_length")[1]
+MAX_PROMPTS_PER_STEP = field_bounds(GRPOSettings, "prompts_per_step")[1]
 MAX_MODEL_NAME = 200
 MAX_RUN_NAME = 64
 STAGE_NAME_RE = re.compile(r"[^\w \-+.()]+")
@@ -440,8 +442,8 @@ def build_config(
     lr_lo, lr_hi = field_bounds(GRPOSettings, "learning_rate")
     for key, label, lo, hi in (
         ("num_generations", "G (completions per prompt)", g_lo, g_hi),
-        ("max_completion_length", "completion length", 8, MAX_COMPLETION_TOKENS),
-        ("prompts_per_step", "prompts per step", 1, MAX_PROMPTS_PER_STEP),
+        ("max_completion_length", "completion length", *field_bounds(GRPOSettings, "max_completion_length")),
+        ("prompts_per_step", "prompts per step", *field_bounds(GRPOSettings, "prompts_per_step")),
     ):
         v = parse_int(getattr(form, key), f"grpo.{key}", label, errors, lo, hi)
         if v is not None:
@@ -460,7 +462,7 @@ def build_config(
     ewc_on = parse_bool(form.ewc, "ewc.enabled", "EWC", errors)
     if ewc_on is not None:
         data["ewc"]["enabled"] = ewc_on
-    lam = parse_float(form.ewc_lam, "ewc.lam", "EWC λ", errors, 0.0, 1e6)
+    lam = parse_float(form.ewc_lam, "ewc.lam", "EWC λ", errors, *field_bounds(EWCConfig, "lam"))
     if lam is not None:
         data["ewc"].pop("lambda", None)
         data["ewc"]["lam"] = lam
