@@ -7,6 +7,12 @@ preset (its two short stages) with SmolLM2-135M, and photographs in headless
 Chromium: Train while it runs, Compare (base vs trained on --n GSM8K test problems), Try, Runs and
 System. Every number on the pictures comes from that run; nothing is staged. Takes 10-30 minutes
 on 2 CPU cores.
+
+    python bench/screenshots.py --matrix RUN_ID OTHER_RUN_ID [--n 100] [--out assets]
+
+instead photographs the Compare tab's stage x task matrix of two finished runs of the app's runs folder
+(e.g. the same preset with and without EWC), on --n held-out problems per task: a matrix saved in the runs'
+eval/ folders for that N (by the CLI or bench/learning.py --matrix) shows at once, else the page computes it.
 """
 
 from __future__ import annotations
@@ -42,11 +48,44 @@ def wait_for(pred, timeout: float, what: str, every: float = 2.0):
     raise TimeoutError(f"timed out waiting for {what}")
 
 
+def matrix_shot(url: str, out: Path, ids: list[str], n: int) -> int:
+    """The Compare tab's stage x task matrix of two runs, beside each other (assets/screenshot_matrix.png)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1440, "height": 1000}, device_scale_factor=1)
+        page.set_default_timeout(3_600_000)
+        page.goto(url)
+        page.wait_for_selector("#start-btn")
+        page.get_by_role("tab", name="Compare").click()
+        page.fill("#compare-run input", ids[0])
+        page.press("#compare-run input", "Enter")
+        page.fill("#matrix-other input", ids[1])
+        page.press("#matrix-other input", "Enter")
+        page.fill("#matrix-n input", str(n))
+        page.press("#matrix-n input", "Tab")
+        page.click("#matrix-btn")
+        page.wait_for_selector("#matrix-note >> text=Backward transfer")
+        time.sleep(2)
+        top, bottom = page.evaluate(  # page coordinates of the matrix section: from its button to its note
+            """() => { const y = id => document.querySelector(id).getBoundingClientRect();
+                       return [y('#matrix-btn').top + window.scrollY, y('#matrix-note').bottom + window.scrollY]; }"""
+        )
+        page.screenshot(path=str(out / "screenshot_matrix.png"), full_page=True,
+                        clip={"x": 0, "y": max(0, top - 140), "width": 1440, "height": bottom - top + 180})
+        browser.close()
+    print(f"matrix screenshot: {out / 'screenshot_matrix.png'}", flush=True)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "assets"))
     ap.add_argument("--steps", type=int, default=0, help="steps per stage (0 = the preset's own)")
-    ap.add_argument("--n", type=int, default=20, help="GSM8K test problems for Compare")
+    ap.add_argument("--n", type=int, default=20, help="GSM8K test problems for Compare (with --matrix: per task)")
+    ap.add_argument("--matrix", nargs=2, metavar=("RUN_ID", "OTHER_RUN_ID"),
+                    help="photograph the stage x task matrix of these two runs (in GRPO_APP_RUNS_DIR or models/runs)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -64,7 +103,7 @@ def main() -> int:
     env.update(
         GRADIO_SERVER_PORT=str(port),
         GRADIO_SERVER_NAME="127.0.0.1",
-        GRPO_APP_RUNS_DIR=str(work / "runs"),
+        GRPO_APP_RUNS_DIR=env.get("GRPO_APP_RUNS_DIR", str(ROOT / "models" / "runs")) if args.matrix else str(work / "runs"),
         GRPO_APP_MODELS_DIR=str(work / "models"),
         GRPO_APP_CACHE_DIR=str(cache_root()),
         GRPO_APP_DEFAULT_PRESET="quick",
@@ -86,6 +125,8 @@ def main() -> int:
                 return proc.poll() is not None and sys.exit(f"the app exited; see {work / 'app.log'}")
 
         wait_for(up, 300, "the app")
+        if args.matrix:
+            return matrix_shot(url, out, args.matrix, args.n)
         client = Client(url, verbose=False)
         values = client.predict("quick", api_name="/preset")
         table = values[3]

@@ -160,7 +160,6 @@ def cmd_train(args) -> int:
 
 def _compare_matrix(args) -> int:
     """`compare --run ID --matrix`: after each stage, its model on held-out problems of every stage's task."""
-    from .fileio import atomic_write_json
     from .models import ModelError
     from .stage_matrix import MatrixError, stage_matrix, summary_sentence
 
@@ -179,8 +178,7 @@ def _compare_matrix(args) -> int:
     except (ValueError, ModelError, MatrixError) as e:
         print(f"\nCannot compute the matrix: {e}", file=sys.stderr)
         return 2
-    print()
-    atomic_write_json(run.eval_dir / f"matrix-n{args.n}-seed{args.seed}.json", m)
+    print()  # (stage_matrix saved it in the run's eval/ folder)
     ewc = f"EWC on, lambda {m['ewc']['lam']:g}" if m["ewc"]["enabled"] else "EWC off"
     print(f"Stage x task matrix of run {run.id} ({ewc}); {m['n']} held-out problems per task, greedy")
     width = max(12, *(len(t["name"]) + 4 for t in m["tasks"]))

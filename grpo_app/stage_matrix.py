@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .evaluation import CompareSpec, evaluate, load_for_eval, paired, problems_digest, score_model, wilson_interval
+from .fileio import atomic_write_json, read_json
 from .runs import RunDir
 
 
@@ -77,7 +78,14 @@ def stage_matrix(
     progress: Callable[[str], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> dict:
-    """The matrix of `run` on `n` held-out problems per task (see the module docstring). Raises MatrixError."""
+    """The matrix of `run` on `n` held-out problems per task (see the module docstring). Raises MatrixError.
+
+    Saved in the run's eval/ folder (`matrix_path`) and read back by the next request for the same run, N, seed
+    and budget while the run's final model is the one it was computed from: a matrix the CLI or a bench computed
+    shows at once in the Compare tab."""
+    saved = saved_matrix(run, n, seed, max_new_tokens)
+    if saved is not None:
+        return saved
     cfg = run.config()
     k_stages = len(cfg.stages)
     if cfg.model.lora:
@@ -124,8 +132,9 @@ def stage_matrix(
     last = k_stages - 1
     bwt = sum(acc[last][j] - acc[j][j] for j in range(last)) / last if last else None
     fwt = sum(acc[j - 1][j] - base_acc[j] for j in range(1, k_stages)) / last if last else None
-    return {
+    result = {
         "run_id": run.id,
+        "final_model": _final_stamp(run),
         "ewc": {"enabled": cfg.ewc.enabled, "lam": cfg.ewc.lam},
         "stages": [st.name for st in cfg.stages],
         "tasks": tasks,
@@ -137,6 +146,30 @@ def stage_matrix(
         "backward_transfer": bwt,
         "forward_transfer": fwt,
     }
+    try:
+        atomic_write_json(matrix_path(run, n, seed, max_new_tokens), result)
+    except OSError:  # a full disk or a read-only run folder: the result is still returned
+        pass
+    return result
+
+
+def matrix_path(run: RunDir, n: int, seed: int, max_new_tokens: int | None = None):
+    """Where the matrix of `run` for (N, seed, budget) is kept: eval/matrix-n{N}-seed{S}[-t{budget}].json."""
+    return run.eval_dir / f"matrix-n{n}-seed{seed}{f'-t{max_new_tokens}' if max_new_tokens else ''}.json"
+
+
+def _final_stamp(run: RunDir) -> str:
+    """Identifies the run's trained model (its weight files' sizes and times): a saved matrix of another is stale."""
+    files = sorted(run.final_dir.glob("*.safetensors")) if run.final_dir.is_dir() else []
+    return ";".join(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
+
+
+def saved_matrix(run: RunDir, n: int, seed: int, max_new_tokens: int | None = None) -> dict | None:
+    """The saved matrix for these settings, if it was computed from the run's present final model."""
+    data = read_json(matrix_path(run, n, seed, max_new_tokens))
+    if not isinstance(data, dict) or not data.get("rows") or data.get("final_model") != _final_stamp(run):
+        return None
+    return data
 
 
 def summary_sentence(m: dict) -> str:

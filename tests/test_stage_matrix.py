@@ -102,7 +102,7 @@ def test_cli_compare_matrix_prints_the_table_and_saves_it(runs, capsys):
     lines = out.splitlines()
     assert any(ln.startswith("base ") for ln in lines) and sum(ln.startswith("after stage ") for ln in lines) == 2
     assert "Backward transfer" in out and "p=" in out
-    saved = json.loads((run.eval_dir / "matrix-n4-seed0.json").read_text())
+    saved = json.loads((run.eval_dir / "matrix-n4-seed0-t8.json").read_text())
     assert len(saved["rows"]) == 2 and saved["ewc"]["enabled"] is True
     for argv, words in ((["--matrix", "--run", run.id, "--stage", "1"], "leave out --stage"),
                         (["--matrix"], "--matrix needs --run")):
@@ -148,3 +148,30 @@ def test_a_replay_stage_trains_on_earlier_problems_and_says_so(tmp_path, monkeyp
     assert second and sum(i.startswith(stage1_ids) for i in second) >= len(second) - 1, second
     start = next(e for e in run.events() if e["event"] == "stage_start" and e["stage"] == 1)
     assert start["replayed"] == 14 and "14 of them replayed from earlier stages" in render.event_line(start)
+
+
+def test_a_saved_matrix_is_shown_again_until_the_final_model_changes(runs, monkeypatch):
+    """A matrix computed once (CLI, bench or page) is read back for the same run, N, seed and budget; a changed
+    final model makes it stale."""
+    import os
+
+    from grpo_app import stage_matrix as sm
+
+    run = runs["plain"]
+    first = sm.stage_matrix(run, n=3, max_new_tokens=8)
+    assert sm.matrix_path(run, 3, 0, 8).is_file()
+
+    def no_scoring(*a, **k):
+        raise AssertionError("scored again")
+
+    monkeypatch.setattr(sm, "evaluate", no_scoring)
+    monkeypatch.setattr(sm, "score_model", no_scoring)
+    assert sm.stage_matrix(run, n=3, max_new_tokens=8) == first  # read back, nothing scored
+    with pytest.raises(AssertionError, match="scored again"):
+        sm.stage_matrix(run, n=3, seed=1, max_new_tokens=8)  # another seed: computed
+    weights = next(run.final_dir.glob("*.safetensors"))
+    st = weights.stat()
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # the final model written again
+    assert sm.saved_matrix(run, 3, 0, 8) is None
+    with pytest.raises(AssertionError, match="scored again"):
+        sm.stage_matrix(run, n=3, max_new_tokens=8)

@@ -1,0 +1,119 @@
+"""Screen curriculum stages on dev problems (issue 42): which task can a stage still teach? Scores models
+on held-out problems like each stage of a config, greedy and never forced, and prints JSON.
+
+    python bench/curriculum_screen.py --config FILE --models base=embedded after1=RUN_DIR:1 \\
+        [trained=RUN_DIR] [--n 100] [--seed 1000] [--pass-k 8] --out assets/curriculum_screen.json
+
+* A model is a model name or folder, a run folder (its final model) or RUN_DIR:K (the run's model as its
+  stage K ended, 1 = first: `stage_matrix.load_stage_model`).
+* The problems of task j are drawn as the matrix draws them (`CompareSpec`-like: the stage's generator at a
+  far seed, minus every question of the config's training pools), but at `--seed` (default 1000), so the
+  choice is made on *dev* problems and the matrix (seed 0) reports on others.
+* `--pass-k K`: also K answers per problem sampled at temperature 0.8 (the presets' training temperature):
+  pass@K says whether GRPO has anything to reinforce (a task no sample ever solves gives groups of equal
+  rewards and no gradient). Off by default (it costs K times the greedy pass).
+* With `--trained NAME`: paired exact McNemar of each model against the model named by `--before`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("GRPO_APP_GSM8K_DIR", str(ROOT.parent / "shared" / "data" / "gsm8k"))
+
+
+def load(spec: str, base_name: str):
+    """(model, tokenizer) for a model spec (see the module docstring)."""
+    from grpo_app.evaluation import load_for_eval
+    from grpo_app.runs import RunDir
+    from grpo_app.stage_matrix import load_stage_model
+
+    head, _, tail = spec.rpartition(":")
+    if head and tail.isdigit() and (Path(head) / "config.yaml").exists():
+        return load_stage_model(RunDir(Path(head)), int(tail) - 1, base_name)
+    if (Path(spec) / "final").is_dir():
+        spec = str(Path(spec) / "final")
+    model, tok, _ = load_for_eval(spec)
+    return model, tok
+
+
+def main() -> None:
+    from bench.common import emit, machine
+    from grpo_app.config import load_config
+    from grpo_app.evaluation import (
+        eval_problems,
+        evaluate,
+        paired,
+        sample_pass_k,
+        stage_eval_settings,
+        training_questions,
+        wilson_interval,
+    )
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--models", nargs="+", required=True, metavar="NAME=SPEC")
+    ap.add_argument("--before", default="", help="pair every model with this one (a NAME of --models)")
+    ap.add_argument("--n", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=1000)
+    ap.add_argument("--pass-k", type=int, default=0)
+    ap.add_argument("--tasks", default="", help="comma-separated stage numbers to score (1 = first; default all)")
+    ap.add_argument("--batch", type=int, default=64, help="problems per generation batch")
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    if any("=" not in m for m in a.models):
+        ap.error("--models takes NAME=SPEC pairs.")
+    models = dict(m.split("=", 1) for m in a.models)
+    if a.before and a.before not in models:
+        ap.error(f"--before {a.before}: not one of {', '.join(models)}.")
+    cfg = load_config(a.config, a.set)
+    exclude = training_questions(cfg)
+    wanted = [int(x) - 1 for x in a.tasks.split(",") if x] or list(range(len(cfg.stages)))
+    sets = {}
+    for k in wanted:
+        s = stage_eval_settings(cfg, k, a.n, a.seed)
+        s.batch_size = a.batch
+        probs, origin = eval_problems(s, cfg.data, exclude)
+        sets[f"{k + 1}: {cfg.stages[k].name}"] = (probs, s, origin)
+    out = {"config": a.config, "overrides": a.set, "n": a.n, "seed": a.seed, "machine": machine(),
+           "models": models, "tasks": {t: {"origin": o, "n": len(p)} for t, (p, _, o) in sets.items()}, "scores": {}}
+    records: dict[str, dict[str, list]] = {}
+    for name, spec in models.items():
+        t0 = time.time()
+        model, tok = load(spec, cfg.model.name)
+        for task, (probs, s, _) in sets.items():
+            res = evaluate(model, tok, probs, s)
+            right = sum(r["correct"] for r in res["records"])
+            cell = {"accuracy": res["summary"]["accuracy"], "ci": list(wilson_interval(right, len(probs))),
+                    "format_rate": res["summary"]["format_rate"], "mean_tokens": res["summary"]["mean_tokens"]}
+            if a.pass_k:
+                s.pass_k, s.pass_temperature = a.pass_k, 0.8
+                counts = [r["correct"] for r in sample_pass_k(model, tok, probs, s)["records"]]
+                s.pass_k = 0
+                cell["pass_at_k"] = sum(c > 0 for c in counts) / len(counts)
+                cell["sampled_accuracy"] = sum(counts) / (len(counts) * a.pass_k)
+                # groups GRPO learns from: some samples right, some wrong (otherwise every advantage is 0)
+                cell["mixed_groups"] = sum(0 < c < a.pass_k for c in counts) / len(counts)
+            records.setdefault(name, {})[task] = res["records"]
+            out["scores"].setdefault(name, {})[task] = cell
+            print(f"# {name:>12} | {task:<28} acc {cell['accuracy']:.2f} fmt {cell['format_rate']:.2f}"
+                  + (f" pass@{a.pass_k} {cell['pass_at_k']:.2f} mixed {cell['mixed_groups']:.2f}" if a.pass_k else ""), file=sys.stderr, flush=True)
+        del model
+        print(f"# {name}: {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
+    if a.before:
+        out["paired_vs_" + a.before] = {
+            name: {task: paired(records[a.before][task], recs) for task, recs in by_task.items()}
+            for name, by_task in records.items() if name != a.before
+        }
+    emit(out, a.out or None)
+
+
+if __name__ == "__main__":
+    main()
