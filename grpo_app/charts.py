@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import re
 
 import orjson
 import plotly.graph_objects as go
@@ -611,8 +612,11 @@ def matrix_figure(matrices: list[tuple[str, dict]]) -> Chart:
             f"xaxis{axis}": dict(domain=[lo, lo + width], side="top"),
             f"yaxis{axis}": dict(autorange="reversed", anchor=f"x{axis}", showticklabels=i == 0),
         })
-        head, _, rest = title.partition(" (")  # the run id in bold, what it is below it
-        fig.add_annotation(text=f"<b>{head}</b>" + (f"<br>({rest}" if rest else ""), x=lo + width / 2, y=-0.05,
+        head, _, rest = title.partition(" (")  # the run's name in bold, its date and what it is below it
+        dated = re.fullmatch(r"(\d{8}-\d{6})-(.+)", head)  # a run id: <date>-<time>-<name>, long side by side
+        below = " ".join(x for x in (dated.group(1) if dated else "", f"({rest}" if rest else "") if x)
+        fig.add_annotation(text=f"<b>{dated.group(2) if dated else head}</b>" + (f"<br>{below}" if below else ""),
+                           x=lo + width / 2, y=-0.05,
                            yanchor="top", xref="paper", yref="paper", showarrow=False, font=dict(size=13))
     fig.update_layout(template="plotly_white", font=FONT, height=120 + 70 * (len(matrices[0][1]["rows"]) + 1)
                       if matrices else HEIGHT, margin=dict(l=10, r=10, t=80, b=70))

@@ -652,7 +652,7 @@ def build_parser() -> argparse.ArgumentParser:
         e.add_argument(
             "--max-new-tokens", type=int, default=None if name == "compare" else 256, help="answer budget (default 256)"
         )
-        e.add_argument("--source", default="gsm8k", help="gsm8k, arithmetic or gsm_symbolic")
+        e.add_argument("--source", default="gsm8k", help="gsm8k, arithmetic, word or gsm_symbolic")
         e.add_argument("--int8", action="store_true", help="dynamic INT8 quantization of Linear layers")
         e.set_defaults(func=fn)
 
