@@ -48,16 +48,22 @@ def wait_for(pred, timeout: float, what: str, every: float = 2.0):
     raise TimeoutError(f"timed out waiting for {what}")
 
 
+def open_app(p, url: str, timeout_ms: int):
+    """A headless Chromium page on the app, once its Train tab has drawn."""
+    browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
+    page = browser.new_page(viewport={"width": 1440, "height": 1000}, device_scale_factor=1)
+    page.set_default_timeout(timeout_ms)
+    page.goto(url)
+    page.wait_for_selector("#start-btn")
+    return browser, page
+
+
 def matrix_shot(url: str, out: Path, ids: list[str], n: int) -> int:
     """The Compare tab's stage x task matrix of two runs, beside each other (assets/screenshot_matrix.png)."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
-        page = browser.new_page(viewport={"width": 1440, "height": 1000}, device_scale_factor=1)
-        page.set_default_timeout(3_600_000)
-        page.goto(url)
-        page.wait_for_selector("#start-btn")
+        browser, page = open_app(p, url, 3_600_000)
         page.get_by_role("tab", name="Compare").click()
         page.fill("#compare-run input", ids[0])
         page.press("#compare-run input", "Enter")
@@ -153,11 +159,7 @@ def main() -> int:
         run_id = msg.split("**")[1]
 
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
-            page = browser.new_page(viewport={"width": 1440, "height": 1000}, device_scale_factor=1)
-            page.set_default_timeout(600_000)
-            page.goto(url)
-            page.wait_for_selector("#start-btn")
+            browser, page = open_app(p, url, 600_000)
             total = sum(int(row[4]) for row in table["data"])
             wait_for(
                 lambda: client.predict(api_name="/status")["step"] >= total - 2,
