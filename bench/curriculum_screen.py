@@ -81,6 +81,10 @@ def main() -> None:
         s = stage_eval_settings(cfg, k, a.n, a.seed)
         s.batch_size = a.batch
         probs, origin = eval_problems(s, cfg.data, exclude)
+        if not probs:  # (a 0% from no problems would read as a result)
+            print(f"# task {k + 1} ({cfg.stages[k].name}): no held-out problems left (all in the training pools); "
+                  "skipped", file=sys.stderr)
+            continue
         sets[f"{k + 1}: {cfg.stages[k].name}"] = (probs, s, origin)
     out = {"config": a.config, "overrides": a.set, "n": a.n, "seed": a.seed, "machine": machine(),
            "models": models, "tasks": {t: {"origin": o, "n": len(p)} for t, (p, _, o) in sets.items()}, "scores": {}}

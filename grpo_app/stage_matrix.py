@@ -99,6 +99,9 @@ def stage_matrix(
     for j, st in enumerate(cfg.stages):
         spec = CompareSpec.for_run(run, f"stage:{j}", n, seed, max_new_tokens=max_new_tokens)
         probs, origin = spec.problems()
+        if not probs:  # e.g. one-digit operands: all 81 problems are in a 512-problem training pool
+            raise MatrixError(f"stage {j + 1} ({st.name}) has no held-out problems left: every problem like it is "
+                              "in the run's training pools. Give that stage a larger problem space (more digits).")
         tasks.append({"stage": j, "name": st.name, "origin": origin, "n": len(probs)})
         sets.append((probs, spec.settings))
 

@@ -175,3 +175,12 @@ def test_a_saved_matrix_is_shown_again_until_the_final_model_changes(runs, monke
     assert sm.saved_matrix(run, 3, 0, 8) is None
     with pytest.raises(AssertionError, match="scored again"):
         sm.stage_matrix(run, n=3, max_new_tokens=8)
+
+
+def test_a_task_with_no_held_out_problems_left_is_refused_not_scored_as_zero(runs, monkeypatch):
+    from grpo_app import stage_matrix as sm
+    from grpo_app.evaluation import CompareSpec
+
+    monkeypatch.setattr(CompareSpec, "problems", lambda self, exclude=None: ([], "held-out nothing"))
+    with pytest.raises(sm.MatrixError, match="no held-out problems left"):
+        sm.stage_matrix(runs["plain"], n=5, seed=7, max_new_tokens=8)
