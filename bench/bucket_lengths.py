@@ -32,11 +32,12 @@ import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 
 from bench.common import emit  # noqa: E402
-from grpo_app.config import load_config  # noqa: E402
-from grpo_app.engine import grpo_args, prepare_model  # noqa: E402
-from grpo_app.prompts import prompt_ids  # noqa: E402
-from grpo_app.rewards import build_rewards  # noqa: E402
-from grpo_app.trainer import CurriculumGRPOTrainer, EngineOptions, restore_forward  # noqa: E402
+from grpo_app.core.config import load_config  # noqa: E402
+from grpo_app.core.prompts import prompt_ids  # noqa: E402
+from grpo_app.core.rewards import build_rewards  # noqa: E402
+from grpo_app.training.engine import prepare_model  # noqa: E402
+from grpo_app.training.settings import grpo_args  # noqa: E402
+from grpo_app.training.trainer import CurriculumGRPOTrainer, EngineOptions, restore_forward  # noqa: E402
 
 
 def step_rows(steps_file: Path, tok, system_prompt: str, every: int) -> list[list[tuple]]:

@@ -59,7 +59,7 @@ def by_difficulty(records: list[dict]) -> dict[str, list[dict]]:
 
 
 def summarize(records: list[dict], k: int, seed: int) -> dict:
-    from grpo_app.evaluation import pass_k_curve
+    from grpo_app.evaluation.scoring import pass_k_curve
 
     groups = sorted({g for g in (2, 4, 8, 16, 32, 64) if g <= k} | {k})
     n = len(records)
@@ -114,9 +114,9 @@ def main() -> None:
 
     import torch
 
-    from grpo_app.config import DataConfig
-    from grpo_app.data import load_gsm8k
-    from grpo_app.evaluation import EvalSettings, load_for_eval, sample_pass_k
+    from grpo_app.core.config import DataConfig
+    from grpo_app.core.data import load_gsm8k
+    from grpo_app.evaluation.scoring import EvalSettings, load_for_eval, sample_pass_k
 
     problems, origin = load_gsm8k(a.split, DataConfig())
     picked = random.Random(a.seed).sample(problems, min(a.n, len(problems)))
@@ -157,7 +157,7 @@ def main() -> None:
 
 def pair(other: dict, other_path: str, recs: list[dict], k: int, seed: int) -> dict:
     """This model's samples beside another result's, on the problems both answered (matched by id)."""
-    from grpo_app.evaluation import paired, pass_k_curve
+    from grpo_app.evaluation.scoring import paired, pass_k_curve
 
     theirs = {r["id"]: r for r in other["records"]}
     common = [r for r in recs if r["id"] in theirs]

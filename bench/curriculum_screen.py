@@ -30,9 +30,9 @@ os.environ.setdefault("GRPO_APP_GSM8K_DIR", str(ROOT.parent / "shared" / "data" 
 
 def load(spec: str, base_name: str):
     """(model, tokenizer) for a model spec (see the module docstring)."""
-    from grpo_app.evaluation import load_for_eval
-    from grpo_app.runs import RunDir
-    from grpo_app.stage_matrix import load_stage_model
+    from grpo_app.core.run_folder import RunDir
+    from grpo_app.evaluation.scoring import load_for_eval
+    from grpo_app.evaluation.stage_matrix import load_stage_model
 
     head, _, tail = spec.rpartition(":")
     if head and tail.isdigit() and (Path(head) / "config.yaml").exists():
@@ -45,8 +45,8 @@ def load(spec: str, base_name: str):
 
 def main() -> None:
     from bench.common import emit, machine
-    from grpo_app.config import load_config
-    from grpo_app.evaluation import (
+    from grpo_app.core.config import load_config
+    from grpo_app.evaluation.scoring import (
         eval_problems,
         evaluate,
         paired,

@@ -49,8 +49,8 @@ VARIANTS = {
 def rates(texts: list[str], golds: list[str], group: int) -> dict:
     """The shares of `texts` with a `####`, ending in a `#### <number>` line, right by the strict and the
     flexible reading; and the chance that a step of `group` such answers holds at least one of the first two."""
-    from grpo_app.answers import has_final_line
-    from grpo_app.rewards import is_correct
+    from grpo_app.core.answers import has_final_line
+    from grpo_app.core.rewards import is_correct
 
     m = len(texts)
     soft = sum("####" in t for t in texts) / m
@@ -87,11 +87,11 @@ def main() -> None:
 
     import torch
 
-    from grpo_app.config import load_config
-    from grpo_app.data import stage_pool
-    from grpo_app.evaluation import load_for_eval
-    from grpo_app.generation import SamplingParams, generate_completions
-    from grpo_app.prompts import prompt_ids
+    from grpo_app.core.config import load_config
+    from grpo_app.core.data import stage_pool
+    from grpo_app.core.prompts import prompt_ids
+    from grpo_app.evaluation.scoring import load_for_eval
+    from grpo_app.training.sampler import SamplingParams, generate_completions
 
     cfg = load_config(a.config, a.set)
     stage = cfg.stages[a.stage]
@@ -100,7 +100,7 @@ def main() -> None:
     model, tok, _spec = load_for_eval(cfg.model.name)
     temperature = cfg.grpo.temperature if a.temperature is None else a.temperature
     budget = cfg.grpo.max_completion_length if a.max_new_tokens is None else a.max_new_tokens
-    group = cfg.grpo.num_generations * cfg.grpo.prompts_per_step
+    group = cfg.grpo.generation_batch
 
     results = {}
     for name in a.variant or list(VARIANTS):

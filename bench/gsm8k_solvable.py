@@ -102,7 +102,7 @@ def write_gsm8k_folder(folder: Path, source: Path, keep_ids: set[str]) -> int:
 def dev_problems(train_probs: list, used_ids: set[str], n: int, seed: int) -> list:
     """`n` GSM8K train problems outside `used_ids` (the ceiling's pool), drawn with a seed of their own: a
     held-out part of train to choose between variants on, so the test split is only ever reported."""
-    from grpo_app.data import HELDOUT_SEED_OFFSET
+    from grpo_app.core.data import HELDOUT_SEED_OFFSET
 
     rest = [p for p in train_probs if p.id not in used_ids]
     return random.Random(seed + HELDOUT_SEED_OFFSET).sample(rest, min(n, len(rest)))
@@ -110,7 +110,7 @@ def dev_problems(train_probs: list, used_ids: set[str], n: int, seed: int) -> li
 
 def stage_config(a, folder: Path, n_problems: int):
     """The classroom preset's prompt, rewards and sampler, one GSM8K stage on `folder`, EWC off."""
-    from grpo_app.config import StageConfig, load_config
+    from grpo_app.core.config import StageConfig, load_config
 
     cfg = load_config("classroom", a.set)
     cfg.run.name = a.run_name
@@ -147,8 +147,8 @@ def stage_config(a, folder: Path, n_problems: int):
 def train(cfg, seconds: float, root: Path, while_training=None) -> dict:
     """Train `cfg` in a child process (the app's job runner); stop it after `seconds`. While it runs,
     `while_training()` runs here. Returns the run folder, how it ended and the model folder to load."""
-    from grpo_app.fileio import read_jsonl
-    from grpo_app.manager import RunManager
+    from grpo_app.core.fileio import read_jsonl
+    from grpo_app.runs.manager import RunManager
 
     manager = RunManager(root, process=True)
     t0 = time.time()
@@ -188,8 +188,8 @@ def train(cfg, seconds: float, root: Path, while_training=None) -> dict:
 
 
 def load_trained(base: str, weights: str):
-    from grpo_app.engine import load_checkpoint_weights
-    from grpo_app.evaluation import load_for_eval
+    from grpo_app.evaluation.scoring import load_for_eval
+    from grpo_app.training.engine import load_checkpoint_weights
 
     if Path(weights, "config.json").is_file():  # a final model folder
         model, tok, _ = load_for_eval(weights)
@@ -256,10 +256,10 @@ def main() -> None:
 
     import torch
 
-    from grpo_app.config import DataConfig
-    from grpo_app.data import gsm8k_dir, load_gsm8k
-    from grpo_app.evaluation import EvalSettings, evaluate, load_for_eval, paired, pass_k_curve, sample_pass_k
-    from grpo_app.runs import runs_root
+    from grpo_app.core.config import DataConfig
+    from grpo_app.core.data import gsm8k_dir, load_gsm8k
+    from grpo_app.core.run_folder import runs_root
+    from grpo_app.evaluation.scoring import EvalSettings, evaluate, load_for_eval, paired, pass_k_curve, sample_pass_k
 
     def settings(**kw) -> EvalSettings:
         s = EvalSettings(n=1, seed=a.seed, max_new_tokens=a.max_new_tokens, **kw).validate()

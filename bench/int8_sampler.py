@@ -64,11 +64,11 @@ def main() -> None:
 
     import torch
 
-    from grpo_app.config import DataConfig
-    from grpo_app.data import make_arithmetic
-    from grpo_app.generation import SamplingParams, generate_completions, use_fast_attention
-    from grpo_app.models import load_model, quantize_int8, set_threads
-    from grpo_app.prompts import prompt_ids
+    from grpo_app.core.config import DataConfig
+    from grpo_app.core.data import make_arithmetic
+    from grpo_app.core.models import load_model, quantize_int8, set_threads
+    from grpo_app.core.prompts import prompt_ids
+    from grpo_app.training.sampler import SamplingParams, generate_completions, use_fast_attention
 
     threads = set_threads(0)
     model, tok, spec = load_model(a.model)

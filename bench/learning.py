@@ -13,7 +13,7 @@ held-out problems of each stage's task and on GSM8K test, paired (prints JSON, w
 * Forgetting: the model as it was at the end of stage 1 (base + the stage-1 anchor saved by the EWC
   run; stage 1 is the same in both variants) is scored on the generated stage tasks too, and paired
   with each final model ('after_stage1', 'paired.forgetting').
-* `--matrix N`: each run's stage x task matrix (grpo_app/stage_matrix.py: every stage-end model on N held-out
+* `--matrix N`: each run's stage x task matrix (grpo_app/evaluation/stage_matrix.py: every stage-end model on N held-out
   problems of every stage's task, paired with the model before it; backward and forward transfer).
 * Scoring: greedy decoding, the same answer reader as the rewards; 'accuracy' reads the '####'
   answer or else the last number; 'format' = last line is '#### <number>'. Intervals: 95% Wilson.
@@ -36,8 +36,8 @@ os.environ.setdefault("GRPO_APP_GSM8K_DIR", str(ROOT.parent / "shared" / "data" 
 
 
 def train_variant(cfg, name: str, root: Path) -> tuple[Path, float]:
-    from grpo_app.fileio import read_jsonl
-    from grpo_app.manager import RunManager
+    from grpo_app.core.fileio import read_jsonl
+    from grpo_app.runs.manager import RunManager
 
     cfg.run.name = name
     manager = RunManager(root)  # the same job runner as the app: metrics, events, memory, checkpoints
@@ -56,7 +56,7 @@ def train_variant(cfg, name: str, root: Path) -> tuple[Path, float]:
 def score(model_name, problems, settings, label: str) -> dict:
     """A model's greedy answers, scored; a named model through the app's per-model cache (the base model
     answers a problem set once across runs of this bench), a loader (the after-stage-1 model) afresh."""
-    from grpo_app.evaluation import evaluate, score_model
+    from grpo_app.evaluation.scoring import evaluate, score_model
 
     t0, reused = time.time(), False
     if callable(model_name):
@@ -169,8 +169,9 @@ def markdown(result: dict) -> str:
 
 def main() -> None:
     from bench.common import machine
-    from grpo_app.config import load_config
-    from grpo_app.evaluation import (
+    from grpo_app.core.config import load_config
+    from grpo_app.core.run_folder import RunDir, runs_root
+    from grpo_app.evaluation.scoring import (
         CompareSpec,
         EvalSettings,
         gsm8k_test_leak,
@@ -178,7 +179,6 @@ def main() -> None:
         paired,
         training_questions,
     )
-    from grpo_app.runs import RunDir, runs_root
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="classroom")
@@ -210,7 +210,7 @@ def main() -> None:
                     help="also the stage x task matrix of every trained run, N held-out problems per task (0 = off)")
     a = ap.parse_args()
     # Checked before any training, so a typo does not fail after the runs are done.
-    from grpo_app.config import RUN_NAME_RE
+    from grpo_app.core.config import RUN_NAME_RE
 
     run_prefix = f"learning-{a.tag}" if a.tag else "learning"
     if not RUN_NAME_RE.match(f"{run_prefix}-noewc"):
@@ -266,7 +266,9 @@ def main() -> None:
     stage1_end = None
     ewc_run = RunDir(Path(trained["ewc"]["run"])) if "ewc" in trained else None
     if ewc_run is not None and ewc_run.stage_end_weights(0) is not None:
-        from grpo_app.stage_matrix import load_stage_model  # (the matrix's loader: anchor, stage_ends/ or final/)
+        from grpo_app.evaluation.stage_matrix import (
+            load_stage_model,  # (the matrix's loader: anchor, stage_ends/ or final/)
+        )
 
         stage1_end = lambda: load_stage_model(ewc_run, 0, cfg.model.name)  # noqa: E731
     result: dict = {
@@ -312,8 +314,8 @@ def main() -> None:
                 result["eval"][set_name][m].pop("n", None)
         result["eval"][set_name]["n"] = len(probs)
 
-    if a.matrix:  # after stage k x task j, for each run (issue 42): grpo_app.stage_matrix, as the CLI and the app
-        from grpo_app.stage_matrix import stage_matrix, summary_sentence
+    if a.matrix:  # after stage k x task j, for each run (issue 42): grpo_app.evaluation.stage_matrix, as the CLI and the app
+        from grpo_app.evaluation.stage_matrix import stage_matrix, summary_sentence
 
         result["matrix"] = {}
         for m, v in trained.items():

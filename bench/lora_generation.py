@@ -39,12 +39,12 @@ def main() -> None:
 
     import torch
 
-    from grpo_app.config import DataConfig, ModelConfig
-    from grpo_app.data import load_gsm8k
-    from grpo_app.generation import SamplingParams, generate_completions, use_fast_attention
-    from grpo_app.models import apply_lora, load_model, set_threads
-    from grpo_app.prompts import prompt_ids
-    from grpo_app.trainer import lora_merged
+    from grpo_app.core.config import DataConfig, ModelConfig
+    from grpo_app.core.data import load_gsm8k
+    from grpo_app.core.models import apply_lora, load_model, set_threads
+    from grpo_app.core.prompts import prompt_ids
+    from grpo_app.training.sampler import SamplingParams, generate_completions, use_fast_attention
+    from grpo_app.training.trainer import lora_merged
 
     threads = set_threads(0)
     model, tok, _ = load_model("embedded")

@@ -48,11 +48,11 @@ VARIANTS = {
 def run_one(config: str, overrides: list[str]) -> dict:
     import psutil
 
-    from grpo_app import engine
-    from grpo_app import trainer as T
-    from grpo_app.config import load_config
-    from grpo_app.optim import AdamWBF16Moments
-    from grpo_app.runs import RunDir
+    from grpo_app.core.config import load_config
+    from grpo_app.core.run_folder import RunDir
+    from grpo_app.training import engine
+    from grpo_app.training import trainer as T
+    from grpo_app.training.optim import AdamWBF16Moments
 
     proc = psutil.Process()
     state = {"stage": 0, "phase": "load"}

@@ -100,7 +100,7 @@ def main() -> int:
     from gradio_client import Client
     from playwright.sync_api import sync_playwright
 
-    from grpo_app.models import cache_root, embedded_model_dir
+    from grpo_app.core.models import cache_root, embedded_model_dir
 
     embedded_model_dir()
     work = Path(tempfile.mkdtemp(prefix="grpo-shots-"))

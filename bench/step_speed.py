@@ -87,7 +87,7 @@ def _peak_rss_mb() -> float:
 def bench_gemm() -> dict:
     import torch
 
-    from grpo_app.models import set_threads
+    from grpo_app.core.models import set_threads
 
     threads = set_threads(0)
     best = {}
@@ -104,9 +104,9 @@ def bench_gemm() -> dict:
 
 
 def _prompts(n: int, tok, seed: int = 0):
-    from grpo_app.config import DataConfig
-    from grpo_app.data import load_gsm8k
-    from grpo_app.prompts import prompt_ids
+    from grpo_app.core.config import DataConfig
+    from grpo_app.core.data import load_gsm8k
+    from grpo_app.core.prompts import prompt_ids
 
     probs, source = load_gsm8k("train", DataConfig())
     probs = probs[:n]
@@ -133,8 +133,8 @@ def _model_shapes_gflops(model, batch: int = 64) -> float:
 
 
 def bench_gen(gflops: float) -> dict:
-    from grpo_app.generation import SamplingParams, generate_completions, use_fast_attention
-    from grpo_app.models import load_model
+    from grpo_app.core.models import load_model
+    from grpo_app.training.sampler import SamplingParams, generate_completions, use_fast_attention
 
     model, tok, _ = load_model("embedded")
     use_fast_attention(model)
@@ -185,8 +185,8 @@ SAME = {"temperature": 1.0, "top_p": 1.0, "learning_rate": 1e-6,
 
 def same_problems(n: int):
     """The first n GSM8K train problems, in order: the prompts both like-for-like sides take, in this order."""
-    from grpo_app.config import DataConfig
-    from grpo_app.data import load_gsm8k
+    from grpo_app.core.config import DataConfig
+    from grpo_app.core.data import load_gsm8k
 
     probs, source = load_gsm8k("train", DataConfig())
     return probs[:n], source
@@ -208,7 +208,7 @@ def trl_same_args(output_dir: str, steps: int, prompts_per_step: int):
 def engine_same_config(custom_path: str, n_problems: int, steps: int, prompts_per_step: int, stop_at_answer: bool):
     """The engine's Config for engine_same(_nostop): the same settings as `trl_same_args`, one custom stage
     holding `same_problems` in their order."""
-    from grpo_app.config import StageConfig, load_config
+    from grpo_app.core.config import StageConfig, load_config
 
     weights = "{" + ", ".join(f"{k}: {v}" for k, v in SAME["rewards"].items()) + "}"
     cfg = load_config("quick", [
@@ -244,10 +244,10 @@ def _trl_same(tmp: str, probs, steps: int, prompts_per_step: int) -> dict:
     from datasets import Dataset
     from trl import GRPOTrainer
 
-    from grpo_app.config import DataConfig
-    from grpo_app.data import to_rows
-    from grpo_app.models import load_model
-    from grpo_app.rewards import REWARD_FUNCS
+    from grpo_app.core.config import DataConfig
+    from grpo_app.core.data import to_rows
+    from grpo_app.core.models import load_model
+    from grpo_app.core.rewards import REWARD_FUNCS
 
     model, tok, _ = load_model("embedded")
     model.train()
@@ -314,10 +314,10 @@ def bench_trl(steps: int, tuned: bool = False, prompts_per_step: int = 16) -> di
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from grpo_app.config import DataConfig
-    from grpo_app.data import to_rows
-    from grpo_app.models import load_model
-    from grpo_app.rewards import correctness
+    from grpo_app.core.config import DataConfig
+    from grpo_app.core.data import to_rows
+    from grpo_app.core.models import load_model
+    from grpo_app.core.rewards import correctness
 
     model, tok, _ = load_model("embedded")
     model.train()
@@ -380,10 +380,10 @@ def bench_trl(steps: int, tuned: bool = False, prompts_per_step: int = 16) -> di
 
 
 def bench_engine(steps: int, prompts_per_step: int, extra: list[str], cfg=None) -> dict:
-    from grpo_app.config import load_config
-    from grpo_app.engine import Reporter, train
-    from grpo_app.fileio import read_jsonl
-    from grpo_app.runs import RunDir
+    from grpo_app.core.config import load_config
+    from grpo_app.core.fileio import read_jsonl
+    from grpo_app.core.run_folder import RunDir
+    from grpo_app.training.engine import Reporter, train
 
     given = cfg
     overrides = [
@@ -465,8 +465,8 @@ def bench_monitor(samples: int = 400) -> dict:
     its 0.5 s interval, i.e. the fraction of one core it takes from training."""
     import psutil
 
-    from grpo_app.fileio import append_jsonl
-    from grpo_app.manager import MemorySampler, RunStore
+    from grpo_app.core.fileio import append_jsonl
+    from grpo_app.runs.manager import MemorySampler, RunStore
 
     store, proc = RunStore(), psutil.Process(os.getpid())
     interval = MemorySampler(lambda s: None).interval

@@ -62,7 +62,7 @@ class Snapshots:
     def observer(self):
         """An `engine.Observer`: a snapshot at the first step end past each mark (and at `at_steps`), and
         one of the trained model just before it is written out."""
-        from grpo_app.engine import Observer
+        from grpo_app.training.engine import Observer
 
         snaps = self
 
@@ -123,8 +123,9 @@ def main() -> None:
     import torch
     from safetensors.torch import load_file
 
-    from grpo_app.config import load_config
-    from grpo_app.evaluation import (
+    from grpo_app.core.config import load_config
+    from grpo_app.core.run_folder import runs_root
+    from grpo_app.evaluation.scoring import (
         CompareSpec,
         evaluate,
         load_for_eval,
@@ -132,8 +133,7 @@ def main() -> None:
         paired,
         training_questions,
     )
-    from grpo_app.manager import RunManager
-    from grpo_app.runs import runs_root
+    from grpo_app.runs.manager import RunManager
 
     cfg = load_config(a.config, a.set)
     if a.stages:

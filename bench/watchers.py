@@ -152,7 +152,7 @@ def start_cli_training(work: Path) -> tuple[subprocess.Popen, str]:
 
 
 def start_app(work: Path, model: str, thread: bool = False, root: Path = ROOT) -> tuple[subprocess.Popen, str]:
-    from grpo_app.models import cache_root, embedded_model_dir
+    from grpo_app.core.models import cache_root, embedded_model_dir
 
     embedded_model_dir()  # the tiny model borrows the embedded tokenizer
     configs = work / "configs"

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import _cut
+from grpo_app.core.config import _cut
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -37,7 +37,7 @@ def _fmt_pct(x, ci=None) -> str:
 def _resolve_model_arg(name: str) -> str:
     """A run id names its trained model (`runs.resolve_run`: a symlinked run folder is not one); anything else is
     passed through."""
-    from .runs import resolve_run, runs_root
+    from grpo_app.core.run_folder import resolve_run, runs_root
 
     try:
         run = resolve_run(runs_root(), name)
@@ -59,7 +59,7 @@ def _print_config_error(e) -> None:
 
 def _runs_dir(path) -> Path:
     """The runs folder to use; ValueError when it exists and is not a folder."""
-    from .runs import runs_root
+    from grpo_app.core.run_folder import runs_root
 
     root = Path(path) if path else runs_root()
     if root.exists() and not root.is_dir():
@@ -133,10 +133,10 @@ def _event_line(ev: dict) -> str:
 
 
 def cmd_train(args) -> int:
-    from .config import ConfigError, load_config
-    from .estimate import check_step
-    from .manager import RunManager
-    from .runs import runs_root
+    from grpo_app.core.config import ConfigError, load_config
+    from grpo_app.core.run_folder import runs_root
+    from grpo_app.runs.manager import RunManager
+    from grpo_app.training.estimate import check_step
 
     try:
         overrides = list(args.set or [])
@@ -160,8 +160,8 @@ def cmd_train(args) -> int:
 
 def _compare_matrix(args) -> int:
     """`compare --run ID --matrix`: after each stage, its model on held-out problems of every stage's task."""
-    from .models import ModelError
-    from .stage_matrix import MatrixError, stage_matrix, summary_sentence
+    from grpo_app.core.models import ModelError
+    from grpo_app.evaluation.stage_matrix import MatrixError, stage_matrix, summary_sentence
 
     try:
         if not args.run:
@@ -169,8 +169,8 @@ def _compare_matrix(args) -> int:
         if args.stage is not None or args.trained or args.pass_k:
             raise ValueError("--matrix scores every stage's model on every stage's task: leave out --stage, "
                              "--trained and --pass-k.")
-        from .manager import RunManager
-        from .runs import runs_root
+        from grpo_app.core.run_folder import runs_root
+        from grpo_app.runs.manager import RunManager
 
         run = RunManager(args.runs_dir or runs_root()).get(args.run)
         m = stage_matrix(run, n=args.n, seed=args.seed, max_new_tokens=args.max_new_tokens,
@@ -218,7 +218,7 @@ def _finish(run, status: str) -> int:
 
 
 def cmd_resume(args) -> int:
-    from .manager import RunManager
+    from grpo_app.runs.manager import RunManager
 
     try:
         manager = RunManager(_runs_dir(args.runs_dir))
@@ -231,9 +231,9 @@ def cmd_resume(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from .config import DataConfig
-    from .evaluation import EvalSettings, eval_problems, evaluate, load_for_eval
-    from .models import ModelError
+    from grpo_app.core.config import DataConfig
+    from grpo_app.core.models import ModelError
+    from grpo_app.evaluation.scoring import EvalSettings, eval_problems, evaluate, load_for_eval
 
     settings = EvalSettings(
         n=args.n,
@@ -269,7 +269,7 @@ def cmd_eval(args) -> int:
     print(f"{s['seconds']:.1f} s, {s['tokens_per_s'] or 0:.0f} generated tokens/s")
     if args.out:
         out = Path(args.out)
-        from .fileio import atomic_write_json
+        from grpo_app.core.fileio import atomic_write_json
 
         atomic_write_json(out, {"model": spec.label, "settings": settings.__dict__, "origin": origin, **res})
         print(f"Saved {out}")
@@ -277,15 +277,15 @@ def cmd_eval(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from .evaluation import CompareSpec, headline, run_compare
-    from .models import ModelError
+    from grpo_app.core.models import ModelError
+    from grpo_app.evaluation.scoring import CompareSpec, headline, run_compare
 
     if args.matrix:
         return _compare_matrix(args)
     try:
         if args.run:
-            from .manager import RunManager
-            from .runs import runs_root
+            from grpo_app.core.run_folder import runs_root
+            from grpo_app.runs.manager import RunManager
 
             run = RunManager(args.runs_dir or runs_root()).get(args.run)
             if not run.has_final_model():
@@ -338,7 +338,7 @@ def cmd_compare(args) -> int:
         f"paired: only base right {p['only_base']}, only trained right {p['only_trained']}, "
         f"exact McNemar p = {p['p_value']:.4g}"
     )
-    from .evaluation import pass_k_rows
+    from grpo_app.evaluation.scoring import pass_k_rows
 
     rows = pass_k_rows(res)
     if rows:
@@ -356,7 +356,7 @@ def cmd_compare(args) -> int:
 
 
 def cmd_runs(args) -> int:
-    from .runs import list_runs
+    from grpo_app.core.run_folder import list_runs
 
     try:
         runs = list_runs(_runs_dir(args.runs_dir))
@@ -383,7 +383,7 @@ def _one_line(text: str, full: bool, width: int = 150) -> str:
 
 
 def _print_group(entry: dict, full: bool, what: dict | None = None) -> None:
-    from .step_history import correct_count, forced_span
+    from grpo_app.runs.step_history import correct_count, forced_span
 
     g = entry["group"]
     right = correct_count(g)
@@ -433,9 +433,9 @@ def _parse_weights(text: str, known: list[str]) -> dict[str, float]:
 
 
 def cmd_answers(args) -> int:
-    from .manager import RunManager
-    from .runs import runs_root
-    from .step_history import find_problem, problem_history, problems, step_at
+    from grpo_app.core.run_folder import runs_root
+    from grpo_app.runs.manager import RunManager
+    from grpo_app.runs.step_history import find_problem, problem_history, problems, step_at
 
     try:
         run = RunManager(Path(args.runs_dir) if args.runs_dir else runs_root()).get(args.run_id)
@@ -449,7 +449,7 @@ def cmd_answers(args) -> int:
             print("--what-if / --group-size recompute shown groups: add --problem ID or --step N.", file=sys.stderr)
             return 2
         try:
-            from .rewards import REWARD_FUNCS
+            from grpo_app.core.rewards import REWARD_FUNCS
 
             known = list(dict.fromkeys([*REWARD_FUNCS, *(k for rec in steps for k in rec.get("weights") or {})]))
             what_weights = _parse_weights(args.what_if, known) if args.what_if is not None else None
@@ -460,7 +460,7 @@ def cmd_answers(args) -> int:
     def show(entry):
         what = None
         if args.what_if is not None or args.group_size is not None:
-            from .advantages import what_if
+            from grpo_app.training.advantages import what_if
 
             rec = step_at(steps, entry.get("step")) or {}
             try:
@@ -527,7 +527,7 @@ def cmd_answers(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from .config import ConfigError, load_config
+    from grpo_app.core.config import ConfigError, load_config
 
     try:
         cfg = load_config(args.config, args.set or [])
@@ -541,8 +541,8 @@ def cmd_validate(args) -> int:
 
 
 def cmd_explain(args) -> int:
-    from .config import ConfigError, describe_fields, list_presets, load_config
-    from .rewards import reward_help
+    from grpo_app.core.config import ConfigError, describe_fields, list_presets, load_config
+    from grpo_app.core.rewards import reward_help
 
     what = args.what
     if what == "rewards":
@@ -564,8 +564,8 @@ def cmd_explain(args) -> int:
 
 def cmd_export(args) -> int:
     """The run's trained model as GGUF or safetensors (a folder with a model card), optionally pushed to the Hub."""
-    from .model_export import ExportError, check_choice, export_run, push_to_hub, write_single_gguf
-    from .runs import resolve_run, runs_root
+    from grpo_app.core.run_folder import resolve_run, runs_root
+    from grpo_app.export.model_files import ExportError, check_choice, export_run, push_to_hub, write_single_gguf
 
     try:
         fmt = str(args.format).lower()
@@ -701,16 +701,16 @@ def _train_in_processes(args) -> int:
     """`train` / `resume` as one of several processes started by `torchrun` / `accelerate launch`.
 
     Rank 0 creates (or reopens) the run folder, shows progress and owns every file in the run; the other
-    processes receive the folder from it and train their replica there (see grpo_app/distributed.py)."""
+    processes receive the folder from it and train their replica there (see grpo_app/core/distributed.py)."""
     import signal
     import traceback
 
-    from . import distributed
-    from .config import ConfigError, load_config
-    from .engine import train
-    from .manager import RunManager
-    from .models import pick_device
-    from .runs import RunDir, runs_root
+    from grpo_app.core import distributed
+    from grpo_app.core.config import ConfigError, load_config
+    from grpo_app.core.models import pick_device
+    from grpo_app.core.run_folder import RunDir, runs_root
+    from grpo_app.runs.manager import RunManager
+    from grpo_app.training.engine import train
 
     main = distributed.is_main()
     resume = args.func is cmd_resume
@@ -773,7 +773,7 @@ def _launched_processes() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .system import quiet_libraries
+    from grpo_app.core.system import quiet_libraries
 
     args = build_parser().parse_args(argv)
     if _launched_processes() > 1 and args.func in (cmd_train, cmd_resume):

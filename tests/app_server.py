@@ -71,7 +71,7 @@ class AppServer:
         self.proc: subprocess.Popen | None = None
 
     def env(self) -> dict:
-        from grpo_app.models import cache_root, embedded_model_dir
+        from grpo_app.core.models import cache_root, embedded_model_dir
 
         embedded_model_dir()  # the tiny model borrows the embedded tokenizer: make sure it is cached
         env = dict(os.environ)

@@ -23,7 +23,7 @@ if SHARED_GSM8K.is_dir():
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from grpo_app.models import load_tokenizer, resolve_model
+    from grpo_app.core.models import load_tokenizer, resolve_model
 
     return load_tokenizer(resolve_model("tiny-random"))
 
@@ -32,7 +32,7 @@ def make_tiny(tokenizer, arch: str = "llama", seed: int = 0, layers: int | None 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from grpo_app.models import tiny_config
+    from grpo_app.core.models import tiny_config
 
     torch.manual_seed(seed)
     cfg = tiny_config(len(tokenizer), arch)
@@ -58,7 +58,7 @@ def runs_dir(tmp_path, monkeypatch):
 
 def text_length(prompts, completions, **kw):
     """Test reward: a random model's completions differ in length, so groups get advantages."""
-    from grpo_app.rewards import completion_text
+    from grpo_app.core.rewards import completion_text
 
     return [len(completion_text(c)) / 100 for c in completions]
 
@@ -66,7 +66,7 @@ def text_length(prompts, completions, **kw):
 @pytest.fixture
 def varied_reward(monkeypatch):
     """Registers the `text_length` reward (use it in rewards.weights) for runs in this process."""
-    from grpo_app.rewards import REWARD_FUNCS
+    from grpo_app.core.rewards import REWARD_FUNCS
 
     monkeypatch.setitem(REWARD_FUNCS, "text_length", text_length)
 

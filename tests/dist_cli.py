@@ -7,7 +7,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from grpo_app.cli import main  # noqa: E402
-from grpo_app.rewards import REWARD_FUNCS  # noqa: E402
+from grpo_app.core.rewards import REWARD_FUNCS  # noqa: E402
 from tests.conftest import text_length  # noqa: E402
 
 REWARD_FUNCS["text_length"] = text_length

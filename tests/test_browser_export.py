@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from grpo_app.cli import build_parser
-from grpo_app.config import load_config
+from grpo_app.core.config import load_config
 from tests.app_server import wait_for
 from tests.test_browser import TIMEOUT_MS, browser, server, shots  # noqa: F401 - fixtures
 

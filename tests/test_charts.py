@@ -6,7 +6,7 @@ import math
 import plotly.graph_objects as go
 import pytest
 
-from grpo_app import charts
+from grpo_app.ui import charts
 
 
 def metrics(n_per_stage=(3, 2), reward=lambda s: 0.1 * s):

@@ -106,7 +106,7 @@ def test_train_into_a_runs_folder_that_is_a_file(tmp_path, capsys):
 
 
 def test_train_while_another_process_trains_in_the_same_runs_folder(tmp_path, capsys, monkeypatch):
-    from grpo_app.manager import _TrainLock
+    from grpo_app.runs.manager import _TrainLock
 
     monkeypatch.setenv("GRPO_APP_RUNS_DIR", str(tmp_path))
     held = _TrainLock(tmp_path / ".train.lock")  # what the app's manager holds while it trains

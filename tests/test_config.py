@@ -2,7 +2,7 @@ import re
 
 import pytest
 
-from grpo_app.config import (
+from grpo_app.core.config import (
     Config,
     ConfigError,
     config_from_dict,
@@ -78,7 +78,7 @@ def test_wrong_types_are_reported_not_coerced_silently():
 
 
 def test_bf16_on_cpu_without_support_is_rejected(monkeypatch):
-    import grpo_app.config as c
+    import grpo_app.core.config as c
 
     monkeypatch.setattr(c, "cpu_supports_bf16", lambda: False)
     errs = errors_of(["model.dtype=bfloat16", "model.device=cpu"])
@@ -116,7 +116,7 @@ def test_invalid_yaml_text_gives_line_number(tmp_path):
 
 
 def test_each_section_checks_itself_and_collect_errors_adds_the_path():
-    from grpo_app.config import Config, EWCConfig, GRPOSettings, StageConfig, collect_errors
+    from grpo_app.core.config import Config, EWCConfig, GRPOSettings, StageConfig, collect_errors
 
     cfg = Config()
     assert EWCConfig(lam=-1).check(cfg) == [("lam", "lambda must be 0 or more, at most 1e+09 (got -1).")]
@@ -133,7 +133,7 @@ def test_error_messages_never_carry_a_whole_long_value():
 
 
 def test_fit_micro_batch_resets_only_a_size_that_no_longer_divides():
-    from grpo_app.config import GRPOSettings
+    from grpo_app.core.config import GRPOSettings
 
     g = GRPOSettings(num_generations=4, prompts_per_step=2, micro_batch_size=4)
     assert g.fit_micro_batch() is None and g.micro_batch_size == 4
@@ -256,8 +256,8 @@ def test_seeds_out_of_range_are_refused_before_any_model_loads(override):
 
 def test_per_stage_settings_default_to_the_run_and_are_checked():
     """Issue 42, goal 3: a stage's learning rate, EWC λ and reward weights; empty = the run's value."""
-    from grpo_app.config import ConfigError, load_config
-    from grpo_app.engine import grpo_args, stage_reward_weights
+    from grpo_app.core.config import ConfigError, load_config
+    from grpo_app.training.settings import grpo_args, stage_reward_weights
 
     cfg = load_config("tests/configs/tiny.yaml", ["stages[1].learning_rate=5e-5", "stages[1].ewc_lam=0",
                                                    "stages[1].reward_weights={correctness: 2.0}",
@@ -287,7 +287,7 @@ def test_per_stage_settings_default_to_the_run_and_are_checked():
 def load_config_text(text):
     import yaml
 
-    from grpo_app.config import config_from_dict
+    from grpo_app.core.config import config_from_dict
 
     return config_from_dict(yaml.safe_load(text))
 

@@ -12,14 +12,14 @@ import sys
 import time
 from pathlib import Path
 
-from grpo_app.manager import RunManager
-from grpo_app.runs import RunDir
+from grpo_app.core.run_folder import RunDir
+from grpo_app.runs.manager import RunManager
 
 ROOT = Path(__file__).resolve().parent.parent
 # The CLI, with the tests' text_length reward registered (a random model's texts differ in length, so
 # groups get advantages and the weights really move away from the stage-1 anchor).
 TRAIN = (
-    "import sys; from grpo_app.rewards import REWARD_FUNCS; from tests.conftest import text_length; "
+    "import sys; from grpo_app.core.rewards import REWARD_FUNCS; from tests.conftest import text_length; "
     "REWARD_FUNCS['text_length'] = text_length; from grpo_app.cli import main; sys.exit(main(sys.argv[1:]))"
 )
 

@@ -2,9 +2,9 @@ import re
 
 import pytest
 
-from grpo_app.answers import answers_match, extract_answer, extract_final_answer, has_final_line, normalize_number
-from grpo_app.config import DataConfig, StageConfig, load_config
-from grpo_app.data import (
+from grpo_app.core.answers import answers_match, extract_answer, extract_final_answer, has_final_line, normalize_number
+from grpo_app.core.config import DataConfig, StageConfig, load_config
+from grpo_app.core.data import (
     DataError,
     gsm8k_difficulty,
     heldout_pool,
@@ -255,7 +255,7 @@ def test_a_list_that_does_not_match_the_train_split_is_an_error(tmp_path):
     ],
 )
 def test_a_bad_problem_list_is_refused_by_the_config_check(tmp_path, lines, message):
-    from grpo_app.config import ConfigError, load_config
+    from grpo_app.core.config import ConfigError, load_config
 
     ids = _ids_file(tmp_path, *lines)
     with pytest.raises(ConfigError, match=message):
@@ -263,7 +263,7 @@ def test_a_bad_problem_list_is_refused_by_the_config_check(tmp_path, lines, mess
 
 
 def test_a_problem_list_needs_a_gsm8k_stage_and_a_file(tmp_path):
-    from grpo_app.config import ConfigError, load_config
+    from grpo_app.core.config import ConfigError, load_config
 
     ids = _ids_file(tmp_path, "gsm8k-train-1")
     with pytest.raises(ConfigError, match="lists GSM8K problems but the source is 'arithmetic'"):
@@ -277,7 +277,7 @@ def test_the_gsm8k_preset_trains_on_the_teachable_problems_the_ceiling_found():
     problems that bench/gsm8k_solvable.py's recorded ceiling found teachable (1..k-1 right of k)."""
     import json
 
-    from grpo_app.config import PROJECT_ROOT, load_config, read_problem_ids
+    from grpo_app.core.config import PROJECT_ROOT, load_config, read_problem_ids
 
     cfg = load_config("gsm8k")
     (stage,) = cfg.stages
@@ -301,15 +301,15 @@ def test_the_gsm8k_preset_trains_on_the_teachable_problems_the_ceiling_found():
     ("Sam has 3 apples and 4 pears.", "Sam has 4 apples and 3 pears.", False),  # words: no expression
 ])
 def test_question_key_folds_commuted_terms(a, b, same):
-    from grpo_app.data import question_key
+    from grpo_app.core.data import question_key
 
     assert (question_key(a) == question_key(b)) is same
 
 
 def test_replay_mixes_a_share_of_the_earlier_stages_problems_in():
     """Issue 42, goal 4: stages[k].replay of stage k's training problems come from the earlier stages' pools."""
-    from grpo_app.config import load_config
-    from grpo_app.data import stage_pool, with_replay
+    from grpo_app.core.config import load_config
+    from grpo_app.core.data import stage_pool, with_replay
 
     cfg = load_config("tests/configs/tiny.yaml", ["stages[1].replay=0.25", "stages[1].num_problems=16"])
     own = stage_pool(cfg.stages[1], cfg.data, seed=cfg.data.seed + 1).problems
@@ -329,7 +329,7 @@ def test_replay_mixes_a_share_of_the_earlier_stages_problems_in():
     ("stages[1].replay=0.95", "is a share: 0 to 0.9"),
 ])
 def test_replay_is_checked(override, words):
-    from grpo_app.config import ConfigError, load_config
+    from grpo_app.core.config import ConfigError, load_config
 
     with pytest.raises(ConfigError) as err:
         load_config("tests/configs/tiny.yaml", [override])
@@ -337,7 +337,7 @@ def test_replay_is_checked(override, words):
 
 
 def test_word_problems_are_one_step_stories_with_the_right_answer():
-    from grpo_app.data import heldout_pool, make_word_problems, stage_pool
+    from grpo_app.core.data import heldout_pool, make_word_problems, stage_pool
 
     probs = make_word_problems(200, seed=3, max_digits=2, operators="+-")
     assert make_word_problems(200, seed=3) == probs and make_word_problems(200, seed=4) != probs  # seeded
@@ -361,7 +361,7 @@ def test_word_problems_are_one_step_stories_with_the_right_answer():
 
 @pytest.mark.parametrize(("override", "words"), [("max_digits=5", "1..4"), ("operators='*'", "'+', '-' or '+-'")])
 def test_word_stage_options_are_checked(override, words):
-    from grpo_app.config import ConfigError
+    from grpo_app.core.config import ConfigError
 
     with pytest.raises(ConfigError, match=re.escape(words)):
         load_config("quick", ["stages[0].source=word", f"stages[0].{override}"])

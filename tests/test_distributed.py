@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from grpo_app.models import physical_cores
+from grpo_app.core.models import physical_cores
 
 from .conftest import ROOT
 
@@ -68,7 +68,7 @@ def _helpers_worker(rank, init_file, out_dir):
     import torch
     import torch.distributed as dist
 
-    from grpo_app import distributed
+    from grpo_app.core import distributed
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
@@ -112,8 +112,8 @@ def test_process_group_helpers_average_broadcast_and_catch_drifting_replicas(tmp
 def test_a_stopped_run_resumes_in_two_processes(tmp_path, env, varied_reward):
     import time
 
-    from grpo_app.config import load_config
-    from grpo_app.manager import RunManager
+    from grpo_app.core.config import load_config
+    from grpo_app.runs.manager import RunManager
 
     cfg = load_config("tests/configs/tiny.yaml", [f"run.output_dir={tmp_path}", "stages[0].steps=3",
                                                   "rewards.weights={correctness: 1.0, text_length: 1.0}"])

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_app import engine
-from grpo_app.config import load_config
-from grpo_app.manager import RunManager
-from grpo_app.runs import RunDir
+from grpo_app.core.config import load_config
+from grpo_app.core.run_folder import RunDir
+from grpo_app.runs.manager import RunManager
+from grpo_app.training import engine
 
 
 class Log(engine.Observer):

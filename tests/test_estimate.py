@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo_app import estimate as E
-from grpo_app.config import ConfigError, load_config
-from grpo_app.manager import RunManager
+from grpo_app.core.config import ConfigError, load_config
+from grpo_app.runs.manager import RunManager
+from grpo_app.training import estimate as E
 from grpo_app.ui.forms import MAX_COMPLETION_TOKENS, MAX_PROMPTS_PER_STEP
 
 ASSETS = Path("assets")
@@ -75,7 +75,7 @@ def test_start_refuses_it_before_creating_anything(tmp_path, monkeypatch):
 
 
 def test_the_web_form_shows_the_refusal(tmp_path, monkeypatch):
-    from grpo_app.models import cache_root
+    from grpo_app.core.models import cache_root
     from grpo_app.ui.forms import TrainForm
     from grpo_app.ui.studio import Studio
 
@@ -95,7 +95,7 @@ def test_a_model_whose_shape_cannot_be_read_is_not_refused():
 
 
 def test_the_embedded_shape_is_its_config():
-    from grpo_app.models import cache_root
+    from grpo_app.core.models import cache_root
 
     path = cache_root() / "smollm2-135m-instruct-f32" / "config.json"
     if not path.is_file():

@@ -1,8 +1,8 @@
 import pytest
 
-from grpo_app.config import DataConfig
-from grpo_app.data import Problem
-from grpo_app.evaluation import (
+from grpo_app.core.config import DataConfig
+from grpo_app.core.data import Problem
+from grpo_app.evaluation.scoring import (
     EvalSettings,
     compare_csv,
     eval_problems,
@@ -94,9 +94,9 @@ def test_settings_bounds():
 
 
 def test_stage_heldout_sets_never_contain_training_questions(tmp_path):
-    from grpo_app.config import load_config
-    from grpo_app.evaluation import CompareSpec, training_questions
-    from grpo_app.runs import RunDir
+    from grpo_app.core.config import load_config
+    from grpo_app.core.run_folder import RunDir
+    from grpo_app.evaluation.scoring import CompareSpec, training_questions
 
     cfg = load_config("classroom", ["stages[0].num_problems=300", "stages[1].num_problems=300"])
     run = RunDir.create(tmp_path, cfg)
@@ -130,9 +130,9 @@ def test_stage_heldout_sets_never_contain_training_questions(tmp_path):
     ],
 )
 def test_compare_spec_refuses_unknown_problem_sets(tmp_path, eval_set, message):
-    from grpo_app.config import load_config
-    from grpo_app.evaluation import CompareSpec
-    from grpo_app.runs import RunDir
+    from grpo_app.core.config import load_config
+    from grpo_app.core.run_folder import RunDir
+    from grpo_app.evaluation.scoring import CompareSpec
 
     run = RunDir.create(tmp_path, load_config("classroom"))
     with pytest.raises(ValueError, match=message):

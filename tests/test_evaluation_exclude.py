@@ -1,10 +1,10 @@
 """compare_models can leave out given questions (a run's training questions, for held-out sets)."""
 
-from grpo_app.evaluation import EvalSettings, compare_models, eval_problems
+from grpo_app.evaluation.scoring import EvalSettings, compare_models, eval_problems
 
 
 def test_compare_models_never_scores_excluded_questions(tmp_path, monkeypatch):
-    from grpo_app.models import cache_root
+    from grpo_app.core.models import cache_root
 
     monkeypatch.setenv("GRPO_APP_CACHE_DIR", str(cache_root()))  # the tiny model borrows the embedded tokenizer
     monkeypatch.setenv("GRPO_APP_MODELS_DIR", str(tmp_path))  # a fresh evaluation cache
@@ -32,8 +32,8 @@ def test_compare_models_never_scores_excluded_questions(tmp_path, monkeypatch):
 def test_a_model_that_already_answered_these_problems_is_not_scored_again(tmp_path, monkeypatch):
     """Each model's answers are cached per (model, settings, problems): comparing a second model with the same
     base scores only the new one, and gives the base answers a fresh scoring gives."""
-    from grpo_app import evaluation
-    from grpo_app.models import cache_root
+    from grpo_app.core.models import cache_root
+    from grpo_app.evaluation import scoring as evaluation
 
     monkeypatch.setenv("GRPO_APP_CACHE_DIR", str(cache_root()))
     monkeypatch.setenv("GRPO_APP_MODELS_DIR", str(tmp_path))
@@ -64,8 +64,8 @@ def test_a_model_that_already_answered_these_problems_is_not_scored_again(tmp_pa
 def test_the_same_settings_on_other_problems_are_other_results(tmp_path, monkeypatch):
     """The cache key holds the problems themselves: settings that draw other problems (GSM8K once missing, then
     present) never return the earlier set's result."""
-    from grpo_app import evaluation
-    from grpo_app.models import cache_root
+    from grpo_app.core.models import cache_root
+    from grpo_app.evaluation import scoring as evaluation
 
     monkeypatch.setenv("GRPO_APP_CACHE_DIR", str(cache_root()))
     monkeypatch.setenv("GRPO_APP_MODELS_DIR", str(tmp_path))
@@ -90,10 +90,10 @@ def test_a_problem_planted_in_the_training_record_is_reported_in_the_held_out_se
     """Issue 46, 4: the overlap check reads what the run's steps trained on (trained_problems.jsonl), not only the
     pools the held-out set was filtered with (against which it is 0 by construction), and a commuted duplicate
     ('b + a' for 'a + b') counts too."""
-    from grpo_app.config import load_config
-    from grpo_app.evaluation import CompareSpec, run_compare
-    from grpo_app.models import cache_root
-    from grpo_app.runs import RunDir
+    from grpo_app.core.config import load_config
+    from grpo_app.core.models import cache_root
+    from grpo_app.core.run_folder import RunDir
+    from grpo_app.evaluation.scoring import CompareSpec, run_compare
 
     from .conftest import make_tiny
 
@@ -124,7 +124,7 @@ def test_a_problem_planted_in_the_training_record_is_reported_in_the_held_out_se
 
 
 def test_held_out_sets_leave_out_commuted_training_problems_too():
-    from grpo_app.data import question_key
+    from grpo_app.core.data import question_key
 
     settings = EvalSettings(n=6, seed=3, max_new_tokens=8, source="arithmetic", min_difficulty=1, max_difficulty=1,
                             extra={"max_digits": 1, "operators": "+-"})

@@ -3,7 +3,7 @@ import types
 import pytest
 import torch
 
-from grpo_app.ewc import EWCState, compute_fisher
+from grpo_app.training.ewc import EWCState, compute_fisher
 
 
 class TinyLM(torch.nn.Module):
@@ -110,7 +110,7 @@ def test_normalized_fisher_has_mean_one():
 
 
 def test_fisher_on_a_real_transformer_only_covers_trainable_params(tiny_model):
-    from grpo_app.models import freeze_embeddings
+    from grpo_app.core.models import freeze_embeddings
 
     freeze_embeddings(tiny_model)
     fisher, stats = compute_fisher(tiny_model, [([1, 2, 3], [4, 5]), ([6], [7, 8, 9])])
@@ -122,7 +122,7 @@ def test_fisher_on_a_real_transformer_only_covers_trainable_params(tiny_model):
 def test_offloaded_state_matches_in_memory_and_holds_no_tensors(tmp_path):
     """With offload the Fisher and anchor live only in the folder's file, read per tensor when used:
     penalty, its gradient, online consolidation and persistence equal the in-memory state's."""
-    from grpo_app.ewc import TensorFile
+    from grpo_app.training.ewc import TensorFile
 
     m = TinyLM()
     f1, _ = compute_fisher(m, [([0, 1], [2, 3])])
@@ -180,7 +180,7 @@ def test_truncated_offloaded_file_gives_a_clear_error(tmp_path):
 def test_fisher_of_a_real_decoder_with_tied_weights_equals_squared_autograd_gradients(tokenizer):
     """compute_fisher folds each gradient into the Fisher as backward produces it; the result must be the
     mean of the squared per-sample gradients autograd returns, the tied embedding/LM-head summed."""
-    from grpo_app.ewc import sequence_logprob, trainable_parameters
+    from grpo_app.training.ewc import sequence_logprob, trainable_parameters
 
     from .conftest import make_tiny
 

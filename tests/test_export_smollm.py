@@ -16,9 +16,9 @@ pytestmark = pytest.mark.slow
 def test_embedded_model_gguf_logits(tmp_path, quant):
     from transformers import AutoModelForCausalLM
 
-    from grpo_app.model_export import write_gguf
-    from grpo_app.models import load_model
-    from grpo_app.prompts import prompt_ids
+    from grpo_app.core.models import load_model
+    from grpo_app.core.prompts import prompt_ids
+    from grpo_app.export.model_files import write_gguf
 
     model, tok, _ = load_model("embedded", dtype="float32", device="cpu")
     ids = torch.tensor([prompt_ids(tok, "Tom has 12 apples and buys 30 more. How many apples does he have?",

@@ -7,9 +7,10 @@ import zipfile
 
 import pytest
 
-from grpo_app import exports, system
-from grpo_app.config import load_config
-from grpo_app.runs import RunDir
+from grpo_app.core import system
+from grpo_app.core.config import load_config
+from grpo_app.core.run_folder import RunDir
+from grpo_app.export import downloads as exports
 
 
 @pytest.fixture

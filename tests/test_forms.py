@@ -129,10 +129,10 @@ def test_blank_rows_are_ignored_and_names_cleaned(roots):
 
 
 def test_gsm8k_range_with_too_few_problems(roots, monkeypatch):
-    from grpo_app.data import Problem
+    from grpo_app.core.data import Problem
 
     probs = [Problem(str(i), "q", "1", "#### 1", d, "gsm8k") for i, d in enumerate([1, 2, 2, 3] * 10)]
-    monkeypatch.setattr("grpo_app.data.load_gsm8k", lambda split, cfg: (probs, "test"))
+    monkeypatch.setattr("grpo_app.core.data.load_gsm8k", lambda split, cfg: (probs, "test"))
     with pytest.raises(FormError) as e:
         build(base_form(stages=[["g", "gsm8k", 6, 9, 2]]), roots)
     assert "only 0 GSM8K training problems have difficulty 6..9" in e.value.errors[0][1]
@@ -191,7 +191,7 @@ def test_route_errors_to_controls():
 
 
 def test_form_values_round_trip(roots):
-    from grpo_app.config import config_from_dict
+    from grpo_app.core.config import config_from_dict
 
     cfg = config_from_dict(forms.load_preset_data(TINY))
     values = forms.form_values(cfg)
@@ -211,7 +211,7 @@ def test_a_preset_micro_batch_that_no_longer_divides_the_batch_is_reset_and_said
 
 
 def test_the_form_and_the_config_share_one_bound_per_setting(roots):
-    from grpo_app.config import GRPOSettings, field_bounds, load_config
+    from grpo_app.core.config import GRPOSettings, field_bounds, load_config
 
     lo, hi = field_bounds(GRPOSettings, "num_generations")
     for g in (lo - 1, hi + 1):  # the form refuses what the config refuses, with the same bounds
@@ -255,7 +255,7 @@ def test_the_stage_table_carries_per_stage_settings(roots):
 ])
 def test_one_bound_per_setting_for_the_yaml_and_the_form(roots, section, name, field, path):
     """A bound is declared once, on the config field: the config's check and the form refuse the same values."""
-    from grpo_app.config import ConfigError, EWCConfig, GRPOSettings, field_bounds, load_config
+    from grpo_app.core.config import ConfigError, EWCConfig, GRPOSettings, field_bounds, load_config
 
     lo, hi = field_bounds({"grpo": GRPOSettings, "ewc": EWCConfig}[section], name)
     above = hi * 2 if isinstance(hi, float) else hi + 1

@@ -1,6 +1,6 @@
 import torch
 
-from grpo_app.generation import SamplingParams, _AnswerLineDetector, generate_completions, use_fast_attention
+from grpo_app.training.sampler import SamplingParams, _AnswerLineDetector, generate_completions, use_fast_attention
 
 
 def prompts(tok, questions):
@@ -62,7 +62,7 @@ def test_streaming_callback_and_stop(tiny_model, tokenizer):
 def test_cascade_attention_matches_plain_attention_over_copied_prompts():
     """Prompt KV shared by rows (any order, uneven groups, padded prompts) gives the same attention as
     copying each row's prompt KV next to its own completion KV."""
-    from grpo_app.generation import _cascade_attention, _SharedPrefix
+    from grpo_app.training.sampler import _cascade_attention, _SharedPrefix
 
     torch.manual_seed(0)
     n_kv, g, dim, tp, ts = 2, 3, 8, 6, 4
@@ -102,7 +102,7 @@ def test_shared_prompt_decoding_matches_sdpa_when_rows_leave_the_batch(tiny_mode
 
 
 def test_two_level_inverse_cdf_equals_a_full_cumulative_search():
-    from grpo_app.generation import _inverse_cdf
+    from grpo_app.training.sampler import _inverse_cdf
 
     gen = torch.Generator().manual_seed(0)
     for vocab in (49152, 1000, 300):  # a multiple of the block, and two that are not
@@ -120,7 +120,7 @@ def test_two_level_inverse_cdf_equals_a_full_cumulative_search():
 
 
 def test_bucketed_prefill_equals_one_padded_batch(tiny_model, tokenizer):
-    from grpo_app.generation import _bucketed_prefill, _length_buckets, _prefill
+    from grpo_app.training.sampler import _bucketed_prefill, _length_buckets, _prefill
 
     lengths = [3, 20, 21, 5, 40, 19, 4]
     buckets = _length_buckets(lengths)
@@ -147,7 +147,7 @@ def test_portable_attention_branch_runs_under_bf16_autocast(tiny_model, tokenize
     autocast there. Both on the CPU here: in float32 the portable branch decodes exactly as the fused one, and
     under CPU autocast it runs. (CPU autocast keeps the log-sum-exp in bf16, CUDA's makes it float32: the
     dtype mix that broke the first GPU run is checked on a GPU, not here.)"""
-    import grpo_app.generation as generation
+    import grpo_app.training.sampler as generation
 
     use_fast_attention(tiny_model)
     ps = prompts(tokenizer, ["What is 2+3?", "A much longer question about apples and pears, please?"])
@@ -164,7 +164,7 @@ def test_portable_attention_branch_runs_under_bf16_autocast(tiny_model, tokenize
 
 
 def test_forced_answer_line_replaces_the_end_and_the_model_writes_on(tiny_model, tokenizer):
-    from grpo_app.generation import answer_line_start
+    from grpo_app.training.sampler import answer_line_start
 
     p = prompts(tokenizer, ["hello"])
     first = generate_completions(tiny_model, tokenizer, p, SamplingParams(max_new_tokens=1, temperature=0),
@@ -201,7 +201,7 @@ def test_forced_answer_line_replaces_the_end_and_the_model_writes_on(tiny_model,
 
 
 def test_a_row_that_already_wrote_its_answer_line_is_not_forced(tiny_model, tokenizer, monkeypatch):
-    import grpo_app.generation as generation
+    import grpo_app.training.sampler as generation
 
     p = prompts(tokenizer, ["hello"])
     first = generate_completions(tiny_model, tokenizer, p, SamplingParams(max_new_tokens=1, temperature=0),

@@ -45,14 +45,14 @@ def test_the_templates_retell_gsm8k_test_questions_not_train_ones():
 
 
 def _run(tmp_path, overrides=()):
-    from grpo_app.config import load_config
-    from grpo_app.runs import RunDir
+    from grpo_app.core.config import load_config
+    from grpo_app.core.run_folder import RunDir
 
     return RunDir.create(tmp_path, load_config("classroom", list(overrides)))
 
 
 def test_leak_from_the_config_before_any_stage_started(tmp_path):
-    from grpo_app.evaluation import gsm8k_test_leak
+    from grpo_app.evaluation.scoring import gsm8k_test_leak
 
     assert gsm8k_test_leak(_run(tmp_path / "a")) == ""  # stage 3 trains on GSM8K train when it is there
     leak = gsm8k_test_leak(_run(tmp_path / "b", ["data.gsm8k=offline"]))
@@ -61,7 +61,7 @@ def test_leak_from_the_config_before_any_stage_started(tmp_path):
 
 
 def test_leak_from_the_stages_the_run_started(tmp_path):
-    from grpo_app.evaluation import gsm8k_test_leak
+    from grpo_app.evaluation.scoring import gsm8k_test_leak
 
     fell_back = _run(tmp_path / "a")  # asked for GSM8K, found none at run time: the events say so
     for k, source in enumerate(("arithmetic", "arithmetic", "gsm_symbolic")):
@@ -79,7 +79,7 @@ def test_leak_from_the_stages_the_run_started(tmp_path):
     ("stage:0", "held-out reasoning-gym basic_arithmetic", False),
 ])
 def test_run_compare_marks_a_gsm8k_score_that_is_not_held_out(tmp_path, monkeypatch, eval_set, origin, flagged):
-    from grpo_app import evaluation
+    from grpo_app.evaluation import scoring as evaluation
 
     run = _run(tmp_path, ["data.gsm8k=offline"])
     rec = {"id": "p0", "difficulty": 1, "question": "q", "gold": "3", "pred": "3", "output": "#### 3",
@@ -99,7 +99,7 @@ def test_run_compare_marks_a_gsm8k_score_that_is_not_held_out(tmp_path, monkeypa
 
 
 def test_the_evaluation_after_training_marks_it_too(tmp_path, monkeypatch):
-    from grpo_app import evaluation
+    from grpo_app.evaluation import scoring as evaluation
 
     run = _run(tmp_path, ["data.gsm8k=offline"])
     rec = {"id": "p0", "difficulty": 1, "question": "q", "gold": "3", "pred": "3", "output": "#### 3",

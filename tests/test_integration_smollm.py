@@ -21,7 +21,7 @@ def cli(*args, env):
 def test_quick_preset_two_stages_on_embedded_model(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from grpo_app.models import embedded_model_dir
+    from grpo_app.core.models import embedded_model_dir
 
     env = dict(os.environ, GRPO_APP_RUNS_DIR=str(tmp_path))
     r = cli("train", "--config", "quick", "--set", "stages[0].steps=2", "--set", "stages[1].steps=3",

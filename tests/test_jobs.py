@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from grpo_app.jobs import CANCELLED, DONE, FAILED, RUNNING, JobQueue, QueueFullError
+from grpo_app.runs.job_queue import CANCELLED, DONE, FAILED, RUNNING, JobQueue, QueueFullError
 
 from .conftest import wait_until
 

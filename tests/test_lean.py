@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-from grpo_app.lean import layer_hooks, make_lean
+from grpo_app.training.lean import layer_hooks, make_lean
 
 from .conftest import make_tiny
 
@@ -50,8 +50,8 @@ def test_lean_modules_match_hf_and_keep_fewer_activations(tokenizer, arch):
 
 
 def test_lean_leaves_lora_and_other_modules_alone(tokenizer):
-    from grpo_app.config import ModelConfig
-    from grpo_app.models import apply_lora
+    from grpo_app.core.config import ModelConfig
+    from grpo_app.core.models import apply_lora
 
     model = make_tiny(tokenizer)
     lora = apply_lora(model, ModelConfig(lora=True, lora_r=4, lora_target_modules=["gate_proj", "up_proj"]))
@@ -67,7 +67,7 @@ def test_cpu_attention_keeps_kv_heads_unrepeated_with_same_gradients(tokenizer, 
     mask and a cached prompt prefix (the shape the trainer's shared-prefix log-probs use)."""
     from transformers import DynamicCache
 
-    from grpo_app.generation import use_fast_attention
+    from grpo_app.training.sampler import use_fast_attention
 
     plain = make_tiny(tokenizer, arch).train()
     plain.set_attn_implementation("sdpa")
@@ -115,7 +115,7 @@ def test_cpu_attention_keeps_kv_heads_unrepeated_with_same_gradients(tokenizer, 
 
 
 def test_layer_hooks_trim_the_heap_as_backward_reaches_every_kth_layer_and_the_top_one(tokenizer, monkeypatch):
-    import grpo_app.lean as lean
+    import grpo_app.training.lean as lean
 
     model = make_tiny(tokenizer)  # 2 layers: indices 0 and 1
     calls = []
@@ -213,7 +213,7 @@ def test_trainable_layers_train_the_top_ones_and_backward_stops_at_the_lowest(to
     """model.trainable_layers: the lower layers get no gradient and, with layer recompute, are not run again
     in backward (autograd recorded nothing there); the trained layers' gradients are those of a model that
     trains every layer."""
-    from grpo_app.models import freeze_embeddings, freeze_lower_layers
+    from grpo_app.core.models import freeze_embeddings, freeze_lower_layers
 
     ids = torch.randint(10, 400, (2, 9))
     grads, calls = [], []
@@ -241,7 +241,7 @@ def test_trainable_layers_train_the_top_ones_and_backward_stops_at_the_lowest(to
 
 
 def test_trainable_layers_beyond_the_model_are_refused_with_the_count(tokenizer):
-    from grpo_app.models import ModelError, freeze_lower_layers
+    from grpo_app.core.models import ModelError, freeze_lower_layers
 
     model = make_tiny(tokenizer, layers=4)
     with pytest.raises(ModelError, match=r"trainable_layers=5, but this model has 4 decoder layers; use 1-4"):

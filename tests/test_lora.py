@@ -3,11 +3,11 @@ and a LoRA run trains its adapters (not the base) through two stages with the EW
 
 import torch
 
-from grpo_app.config import ModelConfig
-from grpo_app.generation import SamplingParams, generate_completions
-from grpo_app.manager import RunManager
-from grpo_app.models import apply_lora
-from grpo_app.trainer import lora_merged
+from grpo_app.core.config import ModelConfig
+from grpo_app.core.models import apply_lora
+from grpo_app.runs.manager import RunManager
+from grpo_app.training.sampler import SamplingParams, generate_completions
+from grpo_app.training.trainer import lora_merged
 
 from .conftest import make_tiny
 from .test_runs import tiny_cfg

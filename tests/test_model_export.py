@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_app import model_export as me
-from grpo_app.config import load_config
-from grpo_app.evaluation import paired, summarize, wilson_interval
-from grpo_app.fileio import atomic_write_json
-from grpo_app.runs import RunDir
+from grpo_app.core.config import load_config
+from grpo_app.core.fileio import atomic_write_json
+from grpo_app.core.run_folder import RunDir
+from grpo_app.evaluation.scoring import paired, summarize, wilson_interval
+from grpo_app.export import model_files as me
 
 from .conftest import make_tiny
 
@@ -37,7 +37,7 @@ def small_tok():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from grpo_app.models import load_tokenizer, resolve_model
+    from grpo_app.core.models import load_tokenizer, resolve_model
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -136,7 +136,7 @@ def test_gguf_of_the_embedded_tokenizer_mirrors_the_embedded_file(tokenizer, tmp
     import gguf
     from transformers import AutoTokenizer
 
-    from grpo_app.models import embedded_gguf_path
+    from grpo_app.core.models import embedded_gguf_path
 
     assert me.tokenizer_pre(tokenizer) == "smollm"  # llama.cpp's hash of SmolLM's pre-tokenizer
     me.write_gguf(make_tiny(tokenizer), tokenizer, tmp_path / "t.gguf", "f16", name="tiny")

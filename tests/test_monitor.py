@@ -7,11 +7,11 @@ import time
 import psutil
 import pytest
 
-from grpo_app import monitor
-from grpo_app.config import load_config
-from grpo_app.fileio import append_jsonl, atomic_write_json
-from grpo_app.manager import RunStore
-from grpo_app.runs import RunDir
+from grpo_app.core.config import load_config
+from grpo_app.core.fileio import append_jsonl, atomic_write_json
+from grpo_app.core.run_folder import RunDir
+from grpo_app.runs import monitor
+from grpo_app.runs.manager import RunStore
 
 from .conftest import checkpoint_files
 
@@ -61,7 +61,7 @@ class FakeManager:
         return snap
 
     def runs(self):
-        from grpo_app.runs import list_runs
+        from grpo_app.core.run_folder import list_runs
 
         return list_runs(self.root)
 

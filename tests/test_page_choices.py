@@ -5,9 +5,9 @@ app's own event functions called in the order the browser's answers can arrive, 
 import json
 import re
 
-from grpo_app.config import load_config
-from grpo_app.rewards import REWARD_FUNCS
-from grpo_app.runs import RunDir
+from grpo_app.core.config import load_config
+from grpo_app.core.rewards import REWARD_FUNCS
+from grpo_app.core.run_folder import RunDir
 from grpo_app.ui import app as ui_app
 from grpo_app.ui.choices import PageChoices
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_app import evaluation
-from grpo_app.charts import passk_figure
-from grpo_app.data import Problem
-from grpo_app.evaluation import EvalSettings, pass_at_k, pass_k_curve, pass_k_rows, sample_pass_k
+from grpo_app.core.data import Problem
+from grpo_app.evaluation import scoring as evaluation
+from grpo_app.evaluation.scoring import EvalSettings, pass_at_k, pass_k_curve, pass_k_rows, sample_pass_k
+from grpo_app.ui.charts import passk_figure
 
 from .conftest import make_tiny
 

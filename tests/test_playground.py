@@ -2,8 +2,8 @@
 
 import pytest
 
-from grpo_app import playground
-from grpo_app.playground import ModelCache, check_gold, check_question, finish, stream_answers
+from grpo_app.evaluation import ask as playground
+from grpo_app.evaluation.ask import ModelCache, check_gold, check_question, finish, stream_answers
 
 
 @pytest.mark.parametrize(

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo_app.config import PROJECT_ROOT, load_config
-from grpo_app.fileio import read_jsonl
-from grpo_app.manager import RunManager
+from grpo_app.core.config import PROJECT_ROOT, load_config
+from grpo_app.core.fileio import read_jsonl
+from grpo_app.runs.manager import RunManager
 
 from .conftest import make_tiny
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from grpo_app.cli import build_parser
-from grpo_app.config import load_config
-from grpo_app.manager import RunManager
+from grpo_app.core.config import load_config
+from grpo_app.runs.manager import RunManager
 from grpo_app.ui import forms
 from grpo_app.ui.forms import FormError, TrainForm
 from grpo_app.ui.preview import config_overrides, preview
@@ -17,7 +17,7 @@ from grpo_app.ui.studio import Studio
 
 @pytest.fixture
 def studio(tmp_path, monkeypatch):
-    from grpo_app.models import cache_root
+    from grpo_app.core.models import cache_root
 
     monkeypatch.setenv("GRPO_APP_CACHE_DIR", str(cache_root()))
     monkeypatch.setenv("GRPO_APP_MODELS_DIR", str(tmp_path / "models"))
@@ -71,7 +71,7 @@ def test_overrides_name_only_what_changed(studio):
 
 
 def test_a_preset_of_configs_is_named_by_its_name(tmp_path, monkeypatch):
-    from grpo_app.models import cache_root
+    from grpo_app.core.models import cache_root
 
     monkeypatch.setenv("GRPO_APP_CACHE_DIR", str(cache_root()))
     s = Studio(manager=RunManager(tmp_path / "runs"), default_preset="quick")

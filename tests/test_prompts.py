@@ -9,12 +9,12 @@ from dataclasses import asdict
 
 import pytest
 
-from grpo_app import evaluation
-from grpo_app.config import ConfigError, load_config
-from grpo_app.data import Problem, to_rows
-from grpo_app.evaluation import CompareSpec, EvalSettings, evaluate, sample_pass_k
-from grpo_app.prompts import build_messages, prompt_ids
-from grpo_app.runs import RunDir
+from grpo_app.core.config import ConfigError, load_config
+from grpo_app.core.data import Problem, to_rows
+from grpo_app.core.prompts import build_messages, prompt_ids
+from grpo_app.core.run_folder import RunDir
+from grpo_app.evaluation import scoring as evaluation
+from grpo_app.evaluation.scoring import CompareSpec, EvalSettings, evaluate, sample_pass_k
 
 HINT = "\n\nEnd with the final answer on its own line as '#### <number>'."
 SET = 'data.training_hint="\\n\\nEnd with the final answer on its own line as \'#### <number>\'."'
@@ -48,7 +48,7 @@ def test_too_long_is_refused_with_the_field():
 
 
 def test_training_prompts_carry_it(tokenizer):
-    from grpo_app.engine import _fresh_samples, _reference_samples
+    from grpo_app.training.engine import _fresh_samples, _reference_samples
 
     from .conftest import make_tiny
 
@@ -94,7 +94,7 @@ def test_scoring_and_pass_k_can_ask_with_it(tiny_model, tokenizer, monkeypatch):
 
 
 def test_the_model_card_names_the_hint(tmp_path):
-    from grpo_app.model_export import model_card
+    from grpo_app.export.model_files import model_card
 
     card = model_card(RunDir.create(tmp_path, load_config("classroom", [SET])))
     assert "every question was followed by this hint" in card and HINT.strip() in card
@@ -103,7 +103,7 @@ def test_the_model_card_names_the_hint(tmp_path):
 
 def test_a_training_run_samples_with_the_hint_and_records_the_plain_question(tmp_path, tokenizer, monkeypatch):
     """End to end: every prompt the training sampler gets carries the hint once; the step view keeps the question."""
-    from grpo_app import engine, trainer
+    from grpo_app.training import engine, trainer
 
     seen = []
     real = trainer.generate_completions

@@ -2,10 +2,11 @@
 
 import pytest
 
-from grpo_app import config as config_mod
-from grpo_app.config import ConfigError, load_config
-from grpo_app.engine import grpo_args, tensorboard_dir, trackers
-from grpo_app.manager import RunManager
+from grpo_app.core import config as config_mod
+from grpo_app.core.config import ConfigError, load_config
+from grpo_app.runs.manager import RunManager
+from grpo_app.training.engine import tensorboard_dir
+from grpo_app.training.settings import grpo_args, trackers
 
 
 def tiny(runs, *extra):

@@ -366,7 +366,7 @@ def test_the_gsm8k_preset_trains_what_the_measured_cpu_run_trained():
     import dataclasses
 
     from bench.gsm8k_solvable import stage_config
-    from grpo_app.config import load_config
+    from grpo_app.core.config import load_config
 
     rec = json.loads((ROOT / "assets" / "gsm8k_solvable_cpu_p16.json").read_text())
     measured = stage_config(argparse.Namespace(**rec["args"]), Path(os.environ["GRPO_APP_GSM8K_DIR"]),

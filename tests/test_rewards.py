@@ -1,6 +1,6 @@
 import pytest
 
-from grpo_app.rewards import (
+from grpo_app.core.rewards import (
     REWARD_FUNCS,
     build_rewards,
     correctness,
@@ -63,7 +63,7 @@ def test_build_and_score():
 
 
 def test_written_calculations_are_read_and_checked_exactly():
-    from grpo_app.answers import question_numbers, written_calculations
+    from grpo_app.core.answers import question_numbers, written_calculations
 
     calcs = written_calculations("<<3*4=12>> so 12 + 5 - 2 = 15, 2x3=7, $1,200 / 4 = $300, 10 ÷ 4 = 2.5, 3/0=1, 0.1*3=0.3")
     assert [(c["operands"], c["result"], c["right"]) for c in calcs] == [
@@ -100,7 +100,7 @@ Q = "They make 100 lasagnas with 2 pounds each and pies with 3 pounds each, 500 
     ],
 )
 def test_arithmetic_reward_credits_grounded_right_steps(text, difficulty, expected):
-    from grpo_app.rewards import arithmetic
+    from grpo_app.core.rewards import arithmetic
 
     assert arithmetic(None, [text, conv(text)], question=[Q, Q], difficulty=[difficulty] * 2) == [
         pytest.approx(expected)
@@ -108,8 +108,8 @@ def test_arithmetic_reward_credits_grounded_right_steps(text, difficulty, expect
 
 
 def test_arithmetic_reward_receives_the_dataset_columns_a_training_step_passes():
-    from grpo_app.data import Problem, to_rows
-    from grpo_app.rewards import arithmetic
+    from grpo_app.core.data import Problem, to_rows
+    from grpo_app.core.rewards import arithmetic
 
     rows = to_rows([Problem(id="p", question=Q, answer="100", solution="", difficulty=3, source="gsm8k")], "Solve.")
     columns = {k: [rows[0][k]] for k in rows[0] if k != "prompt"}  # what TRL hands every reward function

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo_app.config import load_config
-from grpo_app.manager import RunManager
-from grpo_app.runs import RunDir, list_runs, resolve_run
+from grpo_app.core.config import load_config
+from grpo_app.core.run_folder import RunDir, list_runs, resolve_run
+from grpo_app.runs.manager import RunManager
 
 from .conftest import checkpoint_files
 
@@ -70,7 +70,7 @@ def test_a_symlinked_run_is_not_a_model_name(runs_and_links):
 
 
 def test_a_real_run_whose_final_links_elsewhere_has_no_model(runs_and_links, tmp_path):
-    from grpo_app.exports import zip_trained_model
+    from grpo_app.export.downloads import zip_trained_model
     from grpo_app.ui.forms import check_model_name
 
     root, real, elsewhere = runs_and_links
@@ -86,7 +86,7 @@ def test_a_real_run_whose_final_links_elsewhere_has_no_model(runs_and_links, tmp
 
 
 def test_the_zip_holds_only_the_runs_own_files(runs_and_links, tmp_path):
-    from grpo_app.exports import zip_trained_model
+    from grpo_app.export.downloads import zip_trained_model
 
     root, real, elsewhere = runs_and_links
     secret = tmp_path / "private" / "secret.txt"
@@ -155,8 +155,8 @@ DAMAGE = [
 
 @pytest.mark.parametrize("name, content, status, reason", DAMAGE)
 def test_a_damaged_run_is_listed_and_every_view_works(tmp_path, capsys, name, content, status, reason):
-    from grpo_app import monitor
     from grpo_app.cli import main
+    from grpo_app.runs import monitor
     from grpo_app.ui import render
     from grpo_app.ui.studio import Studio
 

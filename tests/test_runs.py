@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_app.config import load_config
-from grpo_app.fileio import append_jsonl, read_jsonl
-from grpo_app.manager import RunInProgressError, RunManager
-from grpo_app.runs import RunDir
+from grpo_app.core.config import load_config
+from grpo_app.core.fileio import append_jsonl, read_jsonl
+from grpo_app.core.run_folder import RunDir
+from grpo_app.runs.manager import RunInProgressError, RunManager
 
 from .conftest import checkpoint_files, wait_until
 
@@ -25,7 +25,7 @@ def tiny_cfg(runs, *extra):
 def test_two_stage_run_with_ewc(runs_dir, varied_reward):
     from transformers import AutoModelForCausalLM
 
-    from grpo_app.models import load_model
+    from grpo_app.core.models import load_model
 
     cfg = tiny_cfg(runs_dir)
     mgr = RunManager(runs_dir)
@@ -140,7 +140,7 @@ def test_stop_during_sampling_drops_that_step_and_keeps_the_last_complete_one(ru
 
     from safetensors.torch import load_file
 
-    import grpo_app.trainer as trainer_mod
+    import grpo_app.training.trainer as trainer_mod
 
     real = trainer_mod.generate_completions
     calls, sampling, stop_pressed, seen = [], threading.Event(), threading.Event(), {}
@@ -206,7 +206,7 @@ def test_stop_between_micro_batches_drops_that_step(runs_dir, varied_reward, mon
     second micro-batch never runs, no optimizer step is taken, and checkpoint 1 (save_every=1) is kept as is."""
     import threading
 
-    from grpo_app.trainer import CurriculumGRPOTrainer
+    from grpo_app.training.trainer import CurriculumGRPOTrainer
 
     real = CurriculumGRPOTrainer._compute_loss
     calls, in_backward, stop_pressed = [], threading.Event(), threading.Event()
@@ -246,7 +246,7 @@ def test_stop_during_the_fisher_pass_keeps_the_end_of_stage_checkpoint(runs_dir,
     the end-of-stage checkpoint stays, and Resume redoes the Fisher before stage 2."""
     import threading
 
-    import grpo_app.ewc as ewc_mod
+    import grpo_app.training.ewc as ewc_mod
 
     real = ewc_mod.sequence_logprob
     calls, in_fisher, stop_pressed = [], threading.Event(), threading.Event()
@@ -281,7 +281,7 @@ def test_stop_during_the_fisher_pass_keeps_the_end_of_stage_checkpoint(runs_dir,
 
 
 def test_a_reward_that_raises_marks_the_run_failed_and_the_manager_keeps_working(runs_dir, monkeypatch):
-    from grpo_app.rewards import REWARD_FUNCS
+    from grpo_app.core.rewards import REWARD_FUNCS
 
     calls = []
 
@@ -316,7 +316,7 @@ def test_trainable_layers_leave_the_lower_layers_as_they_were(runs_dir, varied_r
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
-    from grpo_app.models import load_model
+    from grpo_app.core.models import load_model
 
     cfg = tiny_cfg(runs_dir, "model.trainable_layers=1")
     mgr = RunManager(runs_dir)

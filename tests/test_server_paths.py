@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from grpo_app.config import load_config
-from grpo_app.manager import RunManager
-from grpo_app.runs import RunDir
+from grpo_app.core.config import load_config
+from grpo_app.core.run_folder import RunDir
+from grpo_app.runs.manager import RunManager
 
 from .app_server import ROOT
 from .conftest import make_tiny
@@ -17,7 +17,7 @@ from .conftest import make_tiny
 
 @pytest.fixture
 def app_and_run(tmp_path, tokenizer, monkeypatch):
-    from grpo_app.models import cache_root
+    from grpo_app.core.models import cache_root
     from grpo_app.ui import app as ui_app
 
     monkeypatch.setenv("GRPO_APP_CACHE_DIR", str(cache_root()))  # the embedded tokenizer the tiny model borrows
@@ -65,7 +65,7 @@ def test_compare_names_the_run_not_its_folder(app_and_run):
     ("ends with a folder /srv/app/", "ends with a folder …/"),
 ])
 def test_hide_server_paths(text, shown):
-    from grpo_app.fileio import hide_server_paths
+    from grpo_app.core.fileio import hide_server_paths
 
     assert hide_server_paths(text) == shown
 

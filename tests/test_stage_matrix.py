@@ -4,9 +4,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpo_app.config import load_config
-from grpo_app.manager import RunManager
-from grpo_app.stage_matrix import MatrixError, stage_matrix, summary_sentence
+from grpo_app.core.config import load_config
+from grpo_app.evaluation.stage_matrix import MatrixError, stage_matrix, summary_sentence
+from grpo_app.runs.manager import RunManager
 
 from .conftest import wait_until
 
@@ -24,7 +24,7 @@ def _train(root, ewc: bool):
 def runs(tmp_path_factory):
     import os
 
-    from grpo_app.models import cache_root
+    from grpo_app.core.models import cache_root
 
     os.environ.setdefault("GRPO_APP_CACHE_DIR", str(cache_root()))
     root = tmp_path_factory.mktemp("matrix-runs")
@@ -54,7 +54,7 @@ def test_each_stage_end_keeps_the_weights_it_ended_with(runs, which):
 
 
 def test_the_matrix_scores_every_stage_model_on_every_task(runs):
-    from grpo_app.evaluation import CompareSpec, evaluate, load_for_eval
+    from grpo_app.evaluation.scoring import CompareSpec, evaluate, load_for_eval
 
     run = runs["plain"]
     m = stage_matrix(run, n=6, seed=0, max_new_tokens=8)
@@ -82,7 +82,7 @@ def test_the_matrix_scores_every_stage_model_on_every_task(runs):
 
 
 def test_a_run_without_stage_end_weights_is_refused_with_a_reason(runs, tmp_path):
-    from grpo_app.runs import RunDir
+    from grpo_app.core.run_folder import RunDir
 
     unfinished = RunDir.create(tmp_path, load_config("tests/configs/tiny.yaml", ["ewc.enabled=false"]))
     with pytest.raises(MatrixError, match="no weights for the end of stage 1, 2"):
@@ -114,7 +114,7 @@ def test_cli_compare_matrix_prints_the_table_and_saves_it(runs, capsys):
 @pytest.mark.parametrize("lam", [None, 0])
 def test_a_stage_trains_with_its_own_ewc_lambda(tmp_path, monkeypatch, varied_reward, lam):
     """Issue 42, goal 3: stage 2's ewc_lam (empty = ewc.lam, 1000 here) is the λ its penalty uses; 0 = none."""
-    from grpo_app.models import cache_root
+    from grpo_app.core.models import cache_root
 
     monkeypatch.setenv("GRPO_APP_CACHE_DIR", str(cache_root()))
     over = ["run.eval_n=0", "run.save_every=0", "stages[1].learning_rate=0.002",
@@ -134,8 +134,8 @@ def test_a_stage_trains_with_its_own_ewc_lambda(tmp_path, monkeypatch, varied_re
 def test_a_replay_stage_trains_on_earlier_problems_and_says_so(tmp_path, monkeypatch):
     """Issue 42, goal 4: with replay, stage 2's steps train on stage 1's problems too (the record shows their
     ids), and the run log says how many were replayed."""
-    from grpo_app.fileio import read_jsonl
-    from grpo_app.models import cache_root
+    from grpo_app.core.fileio import read_jsonl
+    from grpo_app.core.models import cache_root
     from grpo_app.ui import render
 
     monkeypatch.setenv("GRPO_APP_CACHE_DIR", str(cache_root()))
@@ -155,7 +155,7 @@ def test_a_saved_matrix_is_shown_again_until_the_final_model_changes(runs, monke
     final model makes it stale."""
     import os
 
-    from grpo_app import stage_matrix as sm
+    from grpo_app.evaluation import stage_matrix as sm
 
     run = runs["plain"]
     first = sm.stage_matrix(run, n=3, max_new_tokens=8)
@@ -178,8 +178,8 @@ def test_a_saved_matrix_is_shown_again_until_the_final_model_changes(runs, monke
 
 
 def test_a_task_with_no_held_out_problems_left_is_refused_not_scored_as_zero(runs, monkeypatch):
-    from grpo_app import stage_matrix as sm
-    from grpo_app.evaluation import CompareSpec
+    from grpo_app.evaluation import stage_matrix as sm
+    from grpo_app.evaluation.scoring import CompareSpec
 
     monkeypatch.setattr(CompareSpec, "problems", lambda self, exclude=None: ([], "held-out nothing"))
     with pytest.raises(sm.MatrixError, match="no held-out problems left"):

@@ -9,11 +9,11 @@ import sys
 import pytest
 import torch
 
-from grpo_app.advantages import group_advantages, what_if
-from grpo_app.config import load_config
-from grpo_app.manager import RunManager
-from grpo_app.runs import RunDir
-from grpo_app.step_history import as_step, correct_count, find_problem, problem_history, problems, step_at
+from grpo_app.core.config import load_config
+from grpo_app.core.run_folder import RunDir
+from grpo_app.runs.manager import RunManager
+from grpo_app.runs.step_history import as_step, correct_count, find_problem, problem_history, problems, step_at
+from grpo_app.training.advantages import group_advantages, what_if
 
 from .conftest import ROOT
 
@@ -40,7 +40,7 @@ def _tiny_run(runs_dir, *extra):
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
     """One tiny two-stage run (2 + 2 steps, 2 prompts x G=4) shared by the tests below."""
-    from grpo_app.rewards import REWARD_FUNCS
+    from grpo_app.core.rewards import REWARD_FUNCS
 
     from .conftest import text_length
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bench.step_speed import COMPLETION, SAME, G, engine_same_config, trl_same_args
-from grpo_app.engine import grpo_args, stage_reward_weights
+from grpo_app.training.settings import grpo_args, stage_reward_weights
 
 
 @pytest.mark.parametrize("stop", [True, False])

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_app.manager import RunManager
+from grpo_app.runs.manager import RunManager
 from grpo_app.ui import render
 from grpo_app.ui.forms import FormError, TrainForm
 from grpo_app.ui.studio import FigureCache, Studio, ViewCache
@@ -17,7 +17,7 @@ APP_CONFIGS = Path("tests/configs/app")
 
 @pytest.fixture
 def studio(tmp_path, monkeypatch):
-    from grpo_app.models import cache_root
+    from grpo_app.core.models import cache_root
 
     monkeypatch.setenv("GRPO_APP_CACHE_DIR", str(cache_root()))  # keep the embedded tokenizer the tiny model borrows
     monkeypatch.setenv("GRPO_APP_MODELS_DIR", str(tmp_path / "models"))
@@ -99,7 +99,7 @@ def test_a_stop_before_the_first_step_promises_no_resume(studio):
     assert "nothing to resume (Start again)" in log, log
     again = studio.resume(res.run_id)
     assert not again.ok and "no complete checkpoint" in again.message
-    from grpo_app import monitor
+    from grpo_app.runs import monitor
 
     disk = monitor.progress(monitor.disk_view(studio.manager.current_run))  # the Runs tab reads the folder
     assert "nothing to resume" in disk["state_text"], disk["state_text"]
@@ -120,7 +120,7 @@ def test_charts_are_built_once_per_version(studio):
 def test_a_run_records_every_problem_each_step_trained_on(studio):
     """Issue 46, 4: trained_problems.jsonl has one line per step with the problems of its groups, complete (the
     held-out check reads it; steps.jsonl may be thinned)."""
-    from grpo_app.fileio import read_jsonl
+    from grpo_app.core.fileio import read_jsonl
 
     res = studio.start(form(studio))
     assert res.ok
@@ -202,9 +202,9 @@ def test_try_inputs_are_checked(studio):
 def test_train_tab_shows_a_resume_from_the_runs_tab_that_fails_at_once(studio):
     """Resume (as the Runs tab asks it) of an older run whose checkpoint cannot be loaded: the job fails at
     once, and the Train tab's status shows that run failing, with its error, not the newest run 'completed'."""
-    from grpo_app.config import load_config
-    from grpo_app.fileio import atomic_write_json
-    from grpo_app.runs import RunDir
+    from grpo_app.core.config import load_config
+    from grpo_app.core.fileio import atomic_write_json
+    from grpo_app.core.run_folder import RunDir
 
     root = studio.manager.root
     older = RunDir.create(root, load_config("tests/configs/tiny.yaml", ["model.name=tiny-random", "run.name=older"]))
@@ -238,8 +238,8 @@ def test_status_answer_is_computed_once_per_run_version_for_all_watchers(tmp_pat
     import psutil
 
     import grpo_app.ui.studio as studio_mod
-    from grpo_app.config import load_config
-    from grpo_app.runs import RunDir
+    from grpo_app.core.config import load_config
+    from grpo_app.core.run_folder import RunDir
 
     class LiveManager(RunManager):
         active = True  # a job in progress, without training anything

@@ -67,7 +67,7 @@ def test_time_to_learning_bench_scores_with_the_training_hint_when_asked(tmp_pat
 
 def test_hinted_sets_ask_the_same_problems_with_the_hint():
     from bench.time_to_learning import hinted_sets
-    from grpo_app.evaluation import EvalSettings
+    from grpo_app.evaluation.scoring import EvalSettings
 
     plain = EvalSettings(n=3)
     sets = {"stage 1: s1": (["p1", "p2"], plain, "origin", 0)}

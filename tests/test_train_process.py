@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from grpo_app.config import load_config
-from grpo_app.manager import PipeStore, RunInProgressError, RunManager, RunStore, apply_store_line
+from grpo_app.core.config import load_config
+from grpo_app.runs.manager import PipeStore, RunInProgressError, RunManager, RunStore, apply_store_line
 
 from .conftest import wait_until
 

@@ -4,25 +4,25 @@ import pytest
 import torch
 from datasets import Dataset
 
-from grpo_app.config import load_config
-from grpo_app.engine import grpo_args
-from grpo_app.ewc import EWCState, compute_fisher
-from grpo_app.generation import use_fast_attention
-from grpo_app.lean import layer_hooks, make_lean
-from grpo_app.models import freeze_embeddings
-from grpo_app.rewards import build_rewards
-from grpo_app.trainer import CurriculumGRPOTrainer, EngineOptions, length_buckets, restore_forward
+from grpo_app.core.config import load_config
+from grpo_app.core.models import freeze_embeddings
+from grpo_app.core.rewards import build_rewards
+from grpo_app.training.settings import grpo_args
+from grpo_app.training.ewc import EWCState, compute_fisher
+from grpo_app.training.lean import layer_hooks, make_lean
+from grpo_app.training.sampler import use_fast_attention
+from grpo_app.training.trainer import CurriculumGRPOTrainer, EngineOptions, length_buckets, restore_forward
 
 from .conftest import make_tiny
 
 
-def make_trainer(tmp_path, model, tok, ewc=None, loss_type="dapo", ewc_after_clip=True, **opts):
+def make_trainer(tmp_path, model, tok, ewc=None, loss_type="dapo", ewc_clip_penalty=False, **opts):
     cfg = load_config("tests/configs/tiny.yaml", [f"grpo.loss_type={loss_type}"])
     funcs, weights = build_rewards(cfg.rewards.weights)
     ds = Dataset.from_list([{"prompt": [{"role": "user", "content": "1+1?"}], "answer": "2"}] * 8)
     tr = CurriculumGRPOTrainer(model=model, processing_class=tok, reward_funcs=funcs,
                                args=grpo_args(cfg, 0, tmp_path, "cpu"), train_dataset=ds, ewc=ewc,
-                               ewc_after_clip=ewc_after_clip, engine_options=EngineOptions(**opts))
+                               ewc_clip_penalty=ewc_clip_penalty, engine_options=EngineOptions(**opts))
     tr.model.train()
     tr.current_gradient_accumulation_steps = tr.args.gradient_accumulation_steps  # set by train() normally
     return tr
@@ -111,7 +111,7 @@ def test_layer_recompute_keeps_the_shared_prefix_and_gives_the_same_gradients(tm
 def test_shared_prefix_gradients_equal_trl_and_each_prompt_is_held_once(tmp_path, tokenizer, monkeypatch, recompute):
     """The gradients of the shared-prefix pass are TRL's (its plain path: every row runs its own prompt); the
     completions' cache layers hold each distinct prompt's keys/values once (two prompts for six rows)."""
-    import grpo_app.trainer as T
+    import grpo_app.training.trainer as T
 
     held = []
 
@@ -156,7 +156,7 @@ def test_layer_recompute_drops_a_cache_that_is_not_replay_safe(tokenizer):
 
 def counted_folds(monkeypatch) -> list:
     """The parameters whose alias gradient trainer._fold_grad folds in, one entry per fold, from now on."""
-    import grpo_app.trainer as T
+    import grpo_app.training.trainer as T
 
     folds = []
     fold = T._fold_grad
@@ -292,7 +292,7 @@ def test_length_buckets_give_the_same_logprobs_and_gradients_on_fewer_positions(
 
 
 def test_replay_safe_cache_layers_return_the_same_keys_when_called_twice():
-    from grpo_app.trainer import PrefixLayer, PromptRecordLayer
+    from grpo_app.training.trainer import PrefixLayer, PromptRecordLayer
 
     k, v = torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4)
     rec = PromptRecordLayer()
@@ -309,7 +309,7 @@ def test_replay_safe_cache_layers_return_the_same_keys_when_called_twice():
 def test_prefix_layer_with_rows_copies_each_prompt_per_row_inside_update():
     """Two distinct prompts held once, three rows continuing them: the same keys/values (and gradients back to
     the prompts') as a layer holding the rows' copies, and the same result on a second call (recompute)."""
-    from grpo_app.trainer import PrefixLayer
+    from grpo_app.training.trainer import PrefixLayer
 
     k, v = torch.randn(2, 2, 5, 4, requires_grad=True), torch.randn(2, 2, 5, 4, requires_grad=True)
     rows = torch.tensor([1, 0, 1])
@@ -386,7 +386,7 @@ def test_ewc_penalty_is_added_once_per_optimizer_step(tmp_path, tokenizer):
 
 
 def test_bf16_moment_adamw_tracks_torch_adamw():
-    from grpo_app.optim import AdamWBF16Moments
+    from grpo_app.training.optim import AdamWBF16Moments
 
     torch.manual_seed(0)
     w1 = torch.nn.Parameter(torch.randn(64, 32))
@@ -417,7 +417,7 @@ def test_penalty_gradient_reaches_the_update_with_or_without_clipping_it(tmp_pat
     model, ewc = moved_from_anchor(tokenizer, 1e4)
     expected = {n: (p.detach() - ewc.anchor[n]) * ewc.fisher[n] * ewc.lam for n, p in model.named_parameters()
                 if n in ewc.anchor}
-    tr = make_trainer(tmp_path, model, tokenizer, ewc=ewc, ewc_after_clip=after_clip)
+    tr = make_trainer(tmp_path, model, tokenizer, ewc=ewc, ewc_clip_penalty=not after_clip)
     tr.create_optimizer()
     seen = {}
     tr.optimizer.register_step_pre_hook(  # registered after the EWC hook: sees the gradient the update uses
@@ -461,7 +461,7 @@ def test_trainer_args_turn_hf_checkpointing_off_without_the_deprecation_warning(
 def test_forced_answer_line_reaches_the_sampler_and_its_share_is_logged(tmp_path, tokenizer):
     """The trainer hands `force_answer_line` to the sampler: with every token an end token, each completion
     ends at once, is given "\\n####", and ends at the next token (once only); the share is logged."""
-    from grpo_app.generation import answer_line_start
+    from grpo_app.training.sampler import answer_line_start
 
     start = answer_line_start(tokenizer)
     for share, expected in ((1.0, 1.0), (0.0, None)):
@@ -506,7 +506,7 @@ def test_forced_hint_is_marked_in_the_step_record_and_masked_out_of_the_loss_on_
     """Departure 8: every completion ends at once, gets the hint "\\n####" and ends after one more sampled token.
     The step record marks the hint's span; with force_answer_line_loss = mask the hint's tokens carry no gradient,
     checked against log-probs computed here with a plain forward pass."""
-    from grpo_app.generation import answer_line_start
+    from grpo_app.training.sampler import answer_line_start
 
     start = answer_line_start(tokenizer)
     n = len(start)

@@ -16,8 +16,8 @@ import inspect
 import pytest
 from trl import GRPOTrainer
 
-from grpo_app import trainer as trainer_mod
-from grpo_app.trainer import CurriculumGRPOTrainer
+from grpo_app.training import trainer as trainer_mod
+from grpo_app.training.trainer import CurriculumGRPOTrainer
 
 from .conftest import make_tiny
 from .test_trainer import make_trainer

@@ -1,6 +1,6 @@
 """HTML of the what-if and answers-across-training views: content, clamping, escaping (no Gradio needed)."""
 
-from grpo_app.advantages import what_if
+from grpo_app.training.advantages import what_if
 from grpo_app.ui import render
 
 GROUP = {

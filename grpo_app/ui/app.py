@@ -22,16 +22,17 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 
-from ..manager import RunManager  # noqa: E402
-from ..system import quiet_libraries  # noqa: E402
-from .compare_tab import create_compare_tab  # noqa: E402
-from .live import serve_routes  # noqa: E402
-from .pacing import max_period_from_env  # noqa: E402
-from .runs_tab import create_runs_tab  # noqa: E402
-from .studio import Limits, Studio  # noqa: E402
-from .system_tab import create_system_tab  # noqa: E402
-from .train_tab import create_train_tab  # noqa: E402
-from .try_tab import create_try_tab  # noqa: E402
+from grpo_app.core.env import env_int  # noqa: E402
+from grpo_app.core.system import quiet_libraries  # noqa: E402
+from grpo_app.runs.manager import RunManager  # noqa: E402
+from grpo_app.ui.compare_tab import create_compare_tab  # noqa: E402
+from grpo_app.ui.live import serve_routes  # noqa: E402
+from grpo_app.ui.pacing import max_period_from_env  # noqa: E402
+from grpo_app.ui.runs_tab import create_runs_tab  # noqa: E402
+from grpo_app.ui.studio import Limits, Studio  # noqa: E402
+from grpo_app.ui.system_tab import create_system_tab  # noqa: E402
+from grpo_app.ui.train_tab import create_train_tab  # noqa: E402
+from grpo_app.ui.try_tab import create_try_tab  # noqa: E402
 
 log = logging.getLogger("grpo_app.ui")
 
@@ -224,15 +225,9 @@ def calm_queue(demo: gr.Blocks) -> bool:
 
 
 def queue_kwargs() -> dict:
-    def env_int(name, default):
-        try:
-            return max(1, int(os.environ.get(name, default)))
-        except ValueError:
-            return default
-
     return {
-        "max_size": env_int("GRPO_APP_QUEUE_SIZE", 200),
-        "default_concurrency_limit": env_int("GRPO_APP_CONCURRENCY", 4),
+        "max_size": env_int("GRPO_APP_QUEUE_SIZE", 200, 1),
+        "default_concurrency_limit": env_int("GRPO_APP_CONCURRENCY", 4, 1),
     }
 
 

@@ -10,7 +10,7 @@ import logging
 import gradio as gr
 from gradio.components.plot import PlotData
 
-from ..fileio import hide_server_paths
+from grpo_app.core.fileio import hide_server_paths
 
 log = logging.getLogger("grpo_app.ui")
 

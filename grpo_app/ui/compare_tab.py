@@ -13,14 +13,14 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from ..charts import matrix_figure, passk_figure
-from ..evaluation import compare_csv
-from ..exports import write_text_export
-from ..jobs import DONE, QueueFullError
-from . import render
-from .common import guard, plot
-from .forms import FormError
-from .studio import Studio, difficulty_json
+from grpo_app.evaluation.scoring import compare_csv
+from grpo_app.export.downloads import write_text_export
+from grpo_app.runs.job_queue import DONE, QueueFullError
+from grpo_app.ui import render
+from grpo_app.ui.charts import matrix_figure, passk_figure
+from grpo_app.ui.common import guard, plot
+from grpo_app.ui.forms import FormError
+from grpo_app.ui.studio import Studio, difficulty_json
 
 MODES = [("A run vs its base model", "run"), ("Any two models", "models")]
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import (
+from grpo_app.core.config import (
     GSM8K_MODES,
     HUB_ID_RE,
     MAX_SEED,
@@ -36,8 +36,8 @@ from ..config import (
     field_bounds,
     read_yaml_file,
 )
-from ..models import model_roots_text
-from ..runs import RUN_ID_RE, resolve_run
+from grpo_app.core.models import model_roots_text
+from grpo_app.core.run_folder import RUN_ID_RE, resolve_run
 
 STAGE_HEADERS = ["name", "source", "min difficulty", "max difficulty", "steps", "learning rate", "EWC λ", "replay"]
 STAGE_REQUIRED = 5  # the last three cells may be left blank: the run's learning rate and λ, no replay
@@ -212,7 +212,7 @@ def hub_model_problem(name: str) -> str | None:
     """For a hub id: a message when it cannot be loaded here (offline and not in the local cache)."""
     if not HUB_ID_RE.match(name or "") or Path(name).is_dir():
         return None
-    from ..data import hub_reachable
+    from grpo_app.core.data import hub_reachable
 
     if hub_reachable():
         return None
@@ -338,7 +338,7 @@ def _check_repeats(stages: list[dict], errors: list) -> None:
 
 def check_stage_pools(cfg: Config) -> list[tuple[str, str]]:
     """GSM8K stages whose difficulty range holds too few training problems (only when GSM8K is here)."""
-    from ..data import DataError, load_gsm8k
+    from grpo_app.core.data import DataError, load_gsm8k
 
     out = []
     probs = None

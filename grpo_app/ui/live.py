@@ -39,11 +39,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..fileio import hide_server_paths
-from . import render
-from .choices import PageChoices
-from .pacing import PollPacer
-from .studio import FigureCache
+from grpo_app.core.fileio import hide_server_paths
+from grpo_app.ui import render
+from grpo_app.ui.choices import PageChoices
+from grpo_app.ui.pacing import PollPacer
+from grpo_app.ui.studio import FigureCache
 
 log = logging.getLogger(__name__)
 

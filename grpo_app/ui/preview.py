@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from ..config import PROJECT_ROOT, Config, config_from_dict
+from grpo_app.core.config import PROJECT_ROOT, Config, config_from_dict
 
 
 def _yaml_value(value) -> str:
@@ -47,7 +47,7 @@ def config_overrides(base: Config, cfg: Config) -> list[str]:
 def config_ref(preset_path: Path) -> str:
     """How the CLI names a preset file: its name when it is one of configs/, else its path (relative to the
     project when inside it, as the CLI runs from there)."""
-    from ..config import CONFIG_DIR
+    from grpo_app.core.config import CONFIG_DIR
 
     p = Path(preset_path).resolve()
     if p.parent == CONFIG_DIR.resolve():
@@ -69,7 +69,7 @@ def train_command(preset_path: Path, preset_data: dict, cfg: Config) -> str:
 
 def preview(studio, form, upload=None) -> tuple[str, str]:
     """(config.yaml, command) for the Train form exactly as Start would build it; raises forms.FormError."""
-    from . import forms
+    from grpo_app.ui import forms
 
     data = studio.preset_data(form.preset)
     if upload:

@@ -10,8 +10,8 @@ import datetime as _dt
 import math
 from html import escape
 
-from ..monitor import fmt_duration
-from ..step_history import correct_count, forced_span
+from grpo_app.runs.monitor import fmt_duration
+from grpo_app.runs.step_history import correct_count, forced_span
 
 STATE_COLORS = {
     "running": "#0072B2",
@@ -608,7 +608,7 @@ def system_md(info: dict, loaded: list[dict] | None = None, run_model: dict | No
 def matrix_note_html(titled: list[tuple[str, dict]]) -> str:
     """Under the stage x task heatmaps: where each task's problems come from, and for each run its plasticity,
     backward and forward transfer in a sentence (stage_matrix.summary_sentence)."""
-    from ..stage_matrix import summary_sentence
+    from grpo_app.evaluation.stage_matrix import summary_sentence
 
     if not titled:
         return ""

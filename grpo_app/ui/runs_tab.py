@@ -10,12 +10,12 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from ..exports import model_download, zip_trained_model
-from ..monitor import resumable
-from . import render
-from .common import guard, plot
-from .forms import FormError
-from .studio import TRAIN_CHARTS, Studio
+from grpo_app.export.downloads import model_download, zip_trained_model
+from grpo_app.runs.monitor import resumable
+from grpo_app.ui import render
+from grpo_app.ui.common import guard, plot
+from grpo_app.ui.forms import FormError
+from grpo_app.ui.studio import TRAIN_CHARTS, Studio
 
 EXPORT_CHOICES = [
     ("GGUF f16 — llama.cpp / Ollama", "gguf:f16"),
@@ -27,7 +27,7 @@ EXPORT_CHOICES = [
 
 
 def _export_choice(choice) -> tuple[str, str]:
-    from ..model_export import check_choice
+    from grpo_app.export.model_files import check_choice
 
     fmt, _, quant = str(choice or "").partition(":")
     return check_choice(fmt, quant)
@@ -192,7 +192,7 @@ def create_runs_tab(studio: Studio) -> RunsTab:
 
     @guard("export the model")
     def on_export(run_id, choice):
-        from ..model_export import ExportError
+        from grpo_app.export.model_files import ExportError
 
         try:
             fmt, quant = _export_choice(choice)
@@ -217,7 +217,7 @@ def create_runs_tab(studio: Studio) -> RunsTab:
 
     @guard("push to the Hub")
     def on_push(run_id, choice, repo, token, private):
-        from ..model_export import ExportError, default_out, push_to_hub
+        from grpo_app.export.model_files import ExportError, default_out, push_to_hub
 
         try:
             fmt, quant = _export_choice(choice)
@@ -277,7 +277,7 @@ class AnswersView:
 
 
 def _create_answers(studio: Studio) -> AnswersView:
-    from ..step_history import load_steps, problem_history, problems
+    from grpo_app.runs.step_history import load_steps, problem_history, problems
 
     with gr.Accordion("Answers across training", open=True, elem_id="answers-box"):
         gr.Markdown(ANSWERS_HELP, elem_classes="help")

@@ -20,19 +20,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..charts import difficulty_figure, memory_figure, training_figures
-from ..config import CONFIG_DIR, ConfigError, DataConfig
-from ..data import DataError, load_gsm8k, make_arithmetic, parse_custom_dataset
-from ..fileio import read_json
-from ..jobs import JobQueue
-from ..manager import RunInProgressError, RunManager
-from ..models import allowed_model_roots, model_label
-from ..monitor import current_view, disk_view, job_start, live_view, progress, resume_target
-from ..playground import ModelCache, check_gold, check_question
-from ..runs import RunDir
-from ..system import env_int
-from . import forms, render
-from .forms import FormError, TrainForm
+from grpo_app.core.config import CONFIG_DIR, ConfigError, DataConfig
+from grpo_app.core.data import DataError, load_gsm8k, make_arithmetic, parse_custom_dataset
+from grpo_app.core.env import env_int
+from grpo_app.core.fileio import read_json
+from grpo_app.core.models import allowed_model_roots, model_label
+from grpo_app.core.run_folder import RunDir
+from grpo_app.evaluation.ask import ModelCache, check_gold, check_question
+from grpo_app.runs.job_queue import JobQueue
+from grpo_app.runs.manager import RunInProgressError, RunManager
+from grpo_app.runs.monitor import current_view, disk_view, job_start, live_view, progress, resume_target
+from grpo_app.ui import forms, render
+from grpo_app.ui.charts import difficulty_figure, memory_figure, training_figures
+from grpo_app.ui.forms import FormError, TrainForm
 
 log = logging.getLogger("grpo_app.ui")
 
@@ -168,7 +168,7 @@ class Studio:
 
     def preset_form(self, name) -> tuple[dict, str]:
         """(form values, description) of a preset."""
-        from ..config import config_from_dict
+        from grpo_app.core.config import config_from_dict
 
         data = self.preset_data(name)
         try:
@@ -379,7 +379,7 @@ class Studio:
         self, mode, run_id, base, trained, eval_set, n, dmin, dmax, seed, max_tokens, pass_k=0, pass_temperature=1.0
     ):
         """The form's values as an `evaluation.CompareSpec`, or a FormError listing every problem."""
-        from ..evaluation import CompareSpec
+        from grpo_app.evaluation.scoring import CompareSpec
 
         errors: list = []
         pass_k = forms.parse_int(pass_k, "pass_k", "pass@k samples", errors, 0, self.limits.max_pass_k)
@@ -425,7 +425,7 @@ class Studio:
 
     def submit_compare(self, spec, watcher: str | None = None):
         """Queue the comparison (or join the same one already queued); returns the Job."""
-        from ..evaluation import run_compare
+        from grpo_app.evaluation.scoring import run_compare
 
         def work(report, should_stop):
             return run_compare(spec, report, should_stop)
@@ -436,7 +436,7 @@ class Studio:
     def submit_matrix(self, run_id, other_id, n, seed, watcher: str | None = None):
         """Queue the stage x task matrix of a run (and of a second run beside it, e.g. the same preset without
         EWC); returns the Job, whose result is {"runs": [(run id, matrix), ...]}. FormError on bad input."""
-        from ..stage_matrix import MatrixError, stage_matrix
+        from grpo_app.evaluation.stage_matrix import MatrixError, stage_matrix
 
         errors: list = []
         n = forms.parse_int(n, "n", "N (problems per task)", errors, 1, self.limits.max_eval_n)
@@ -476,7 +476,7 @@ class Studio:
     # ---- the Try tab ----------------------------------------------------------------------------
     def try_models(self, mode, run_id, base, trained) -> dict:
         """{'roles': {role: model name}, 'labels', 'weights', 'system_prompt'} or FormError."""
-        from ..config import DEFAULT_SYSTEM_PROMPT, RewardsConfig
+        from grpo_app.core.config import DEFAULT_SYSTEM_PROMPT, RewardsConfig
 
         if mode == "run":
             run = self.run_with_model(run_id)

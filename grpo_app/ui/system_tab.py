@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from ..system import system_info
-from . import render
-from .common import guard
-from .studio import Studio
+from grpo_app.core.system import system_info
+from grpo_app.ui import render
+from grpo_app.ui.common import guard
+from grpo_app.ui.studio import Studio
 
 
 @dataclass

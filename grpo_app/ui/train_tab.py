@@ -20,14 +20,14 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from ..config import GSM8K_MODES
-from . import render
-from .choices import PageChoices
-from .common import guard, slot
-from .forms import SLOTS, STAGE_HEADERS, FormError, TrainForm
-from .live import DRAW_JS, MEMORY_JS, POLL_JS, LiveView, group_index, page_of
-from .pacing import PollPacer, budget_from_env, max_period_from_env
-from .studio import TRAIN_CHARTS, Studio
+from grpo_app.core.config import GSM8K_MODES
+from grpo_app.ui import render
+from grpo_app.ui.choices import PageChoices
+from grpo_app.ui.common import guard, slot
+from grpo_app.ui.forms import SLOTS, STAGE_HEADERS, FormError, TrainForm
+from grpo_app.ui.live import DRAW_JS, MEMORY_JS, POLL_JS, LiveView, group_index, page_of
+from grpo_app.ui.pacing import PollPacer, budget_from_env, max_period_from_env
+from grpo_app.ui.studio import TRAIN_CHARTS, Studio
 
 GSM8K_CHOICES = [
     ("auto — GSM8K from the local copy or the hub; generated look-alikes if neither is there", "auto"),
@@ -282,13 +282,13 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
         prompts_per_step,
         learning_rate,
         ewc,
-        ewc_lambda,
+        ewc_lam,
         lora,
         seed,
         run_name,
     ):
         form = page_form(preset, model, data_source, stages, num_generations, completion_length, prompts_per_step,
-                         learning_rate, ewc, ewc_lambda, lora, seed, run_name)
+                         learning_rate, ewc, ewc_lam, lora, seed, run_name)
         res = studio.start(form, upload)
         return [res.message, *[slot(res.errors.get(s)) for s in SLOTS]]
 
@@ -298,11 +298,11 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
 
     @guard("preview the run")
     def on_preview(preset, model, data_source, upload, stages, num_generations, completion_length, prompts_per_step,
-                   learning_rate, ewc, ewc_lambda, lora, seed, run_name):
-        from .preview import preview
+                   learning_rate, ewc, ewc_lam, lora, seed, run_name):
+        from grpo_app.ui.preview import preview
 
         form = page_form(preset, model, data_source, stages, num_generations, completion_length, prompts_per_step,
-                         learning_rate, ewc, ewc_lambda, lora, seed, run_name)
+                         learning_rate, ewc, ewc_lam, lora, seed, run_name)
         try:
             text, command = preview(studio, form, upload)
         except FormError as e:
@@ -405,8 +405,8 @@ def _create_what_if(studio: Studio, group: gr.Dropdown, picked: PageChoices, pag
     """The "What if?" box under the step view: a slider per reward function and one for the group size; moving one
     recomputes the shown prompt's advantages (`advantages.what_if`), no model involved. A new step reaches it
     through the Train tab's one draw request (`WhatIfBox.sync`), not through a listener of its own."""
-    from ..advantages import what_if
-    from ..rewards import REWARD_FUNCS, reward_help
+    from grpo_app.core.rewards import REWARD_FUNCS, reward_help
+    from grpo_app.training.advantages import what_if
 
     names = list(REWARD_FUNCS)
     helps = reward_help()
@@ -530,7 +530,7 @@ def _what_if_api(studio: Studio):
     def what_if_api(weights: dict, group: int = 0, group_size: int = 0) -> dict:
         """The latest step's prompt `group` recomputed with other reward weights ({name: weight}) and only its
         first `group_size` completions (0 = all): totals, group mean and std, advantages (nothing is trained)."""
-        from ..advantages import what_if
+        from grpo_app.training.advantages import what_if
 
         step = studio.view().get("latest_step")
         if not step or not step.get("groups"):
@@ -554,7 +554,7 @@ def _what_if_api(studio: Studio):
 
 
 def page_form(preset, model, data_source, stages, num_generations, completion_length, prompts_per_step,
-              learning_rate, ewc, ewc_lambda, lora, seed, run_name) -> TrainForm:
+              learning_rate, ewc, ewc_lam, lora, seed, run_name) -> TrainForm:
     """The Train form's controls, in the page's order, as the TrainForm that Start and Preview both check."""
     return TrainForm(
         preset=preset,
@@ -566,7 +566,7 @@ def page_form(preset, model, data_source, stages, num_generations, completion_le
         prompts_per_step=prompts_per_step,
         learning_rate=learning_rate,
         ewc=ewc,
-        ewc_lam=ewc_lambda,
+        ewc_lam=ewc_lam,
         lora=lora,
         seed=seed,
         run_name=run_name,

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from ..models import ModelError
-from ..playground import finish, stream_answers
-from . import render
-from .common import guard
-from .forms import FormError
-from .studio import Studio
+from grpo_app.core.models import ModelError
+from grpo_app.evaluation.ask import finish, stream_answers
+from grpo_app.ui import render
+from grpo_app.ui.common import guard
+from grpo_app.ui.forms import FormError
+from grpo_app.ui.studio import Studio
 
 MODES = [("A run vs its base model", "run"), ("Any two models", "models")]
 

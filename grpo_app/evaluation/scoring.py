@@ -31,13 +31,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .answers import extract_answer, has_final_line
-from .config import DEFAULT_SYSTEM_PROMPT, DataConfig, StageConfig
-from .data import Problem, heldout_pool, load_gsm8k
-from .generation import SamplingParams, generate_completions, use_fast_attention
-from .models import load_model, model_label, models_root, quantize_int8, resolve_model
-from .prompts import prompt_ids
-from .rewards import is_correct
+from grpo_app.core.answers import extract_answer, has_final_line
+from grpo_app.core.config import DEFAULT_SYSTEM_PROMPT, DataConfig, StageConfig
+from grpo_app.core.data import Problem, heldout_pool, load_gsm8k
+from grpo_app.core.models import load_model, model_label, models_root, quantize_int8, resolve_model
+from grpo_app.core.prompts import prompt_ids
+from grpo_app.core.rewards import is_correct
+from grpo_app.training.sampler import SamplingParams, generate_completions, use_fast_attention
 
 Z95 = 1.959963984540054
 MAX_PASS_K = 64
@@ -374,7 +374,7 @@ def _is_whole(res, n: int, pass_k: int) -> bool:
 
 def _cached_model_result(path: Path, n: int, pass_k: int) -> dict | None:
     """One model's cached answers when the file is whole (see _is_whole), else None."""
-    from .fileio import read_json
+    from grpo_app.core.fileio import read_json
 
     res = read_json(path)
     return res if _is_whole(res, n, pass_k) else None
@@ -431,7 +431,7 @@ def score_model(
         )
     del model
     if _is_whole(res, n_p, k):
-        from .fileio import atomic_write_json
+        from grpo_app.core.fileio import atomic_write_json
 
         atomic_write_json(path, res)
     return res, spec.label, False
@@ -501,7 +501,7 @@ def compare_models(
 
 
 def save_compare(result: dict, path: Path) -> None:
-    from .fileio import atomic_write_json, atomic_write_text
+    from grpo_app.core.fileio import atomic_write_json, atomic_write_text
 
     atomic_write_json(path, result)
     atomic_write_text(path.with_suffix(".csv"), compare_csv(result))
@@ -577,7 +577,7 @@ def evaluate_run_vs_base(run, n: int = 100, seed: int = 0, progress=None, should
 # ------------------------------------------------------------------------------------------------
 def training_questions(cfg) -> set[str]:
     """Every question the run's stages train on (their pools, drawn exactly as the engine draws them)."""
-    from .data import stage_pool
+    from grpo_app.core.data import stage_pool
 
     seen: set[str] = set()
     for k, stage in enumerate(cfg.stages):
@@ -590,7 +590,7 @@ def overlap_with_training(run, questions: list[str], pools: set[str] | None = No
     (`data.question_key`): checked against the problems its steps actually trained on (the run folder's
     trained_problems.jsonl, complete) and against its stage pools drawn again (`pools`, or drawn here), so a
     held-out set picked with the pools is still checked against what training really saw."""
-    from .data import question_key
+    from grpo_app.core.data import question_key
 
     recorded = run.trained_questions() if run is not None else None
     if pools is None:
@@ -615,7 +615,7 @@ def gsm8k_test_leak(run) -> str:
     gsm_symbolic problems, the offline stand-in for GSM8K, whose templates are GSM8K test questions
     (data.GSM_SYMBOLIC_LEAK). Read from the stages the run actually started (their events say which
     source each used, fallbacks included); a run that started none is judged by its config."""
-    from .data import GSM_SYMBOLIC_LEAK
+    from grpo_app.core.data import GSM_SYMBOLIC_LEAK
 
     cfg = run.config()
     started = {int(ev["stage"]): ev.get("source") for ev in run.events() if ev.get("event") == "stage_start" and "stage" in ev}

@@ -21,9 +21,9 @@ import threading
 import time
 from pathlib import Path
 
-from .config import ConfigError
-from .manager import RunManager
-from .runs import ACTIVE, RunDir
+from grpo_app.core.config import ConfigError
+from grpo_app.core.run_folder import ACTIVE, RunDir
+from grpo_app.runs.manager import RunManager
 
 STATE_WORDS = {
     "idle": "no run yet",

@@ -36,7 +36,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .config import Config, ConfigError
+from grpo_app.core.config import Config, ConfigError
 
 MB = 2**20
 GEN_UTIL = ((16, 0.177), (32, 0.259), (64, 0.33), (128, 0.38), (256, 0.413))  # rows -> fraction (see above)
@@ -106,7 +106,7 @@ def measured_gflops(again: bool = False) -> float:
 def this_machine(cfg: Config) -> Machine:
     import psutil
 
-    from .models import pick_device
+    from grpo_app.core.models import pick_device
 
     device = pick_device(cfg.model.device)
     if device == "cuda":
@@ -126,7 +126,7 @@ def model_shape(name: str) -> dict | None:
 
     if name in KNOWN_SHAPES:
         return dict(KNOWN_SHAPES[name])
-    from .models import ModelError, cache_root, resolve_model, tiny_config
+    from grpo_app.core.models import ModelError, cache_root, resolve_model, tiny_config
 
     if name == "tiny-random":  # the tiny test model's own config (with the embedded tokenizer's vocabulary)
         tiny = tiny_config(49152)
@@ -229,7 +229,7 @@ def estimate_step(cfg: Config, machine: Machine | None = None) -> StepEstimate |
         trainable = trained_layers * 7 * cfg.model.lora_r * (d + max(d, inter))  # adapters on every projection, at most
     else:
         trainable = params - (0 if cfg.model.train_embeddings else embed) - frozen_params
-    rows, unique, plen, length = g.prompts_per_step * g.num_generations, g.prompts_per_step, prompt_tokens(cfg), \
+    rows, unique, plen, length = g.generation_batch, g.prompts_per_step, prompt_tokens(cfg), \
         g.max_completion_length
     micro = cfg.micro_batch
     f32 = 4
@@ -289,7 +289,7 @@ def check_step(cfg: Config, machine: Machine | None = None, max_minutes: float |
     `model.trainable_layers` above the model's layer count, read offline, before any run folder exists
     (the model load would refuse it too, with the same range, but only after the run had started).
     Returns the estimate."""
-    from .models import trainable_layers_problem
+    from grpo_app.core.models import trainable_layers_problem
 
     layers = (model_shape(cfg.model.name) or {}).get("num_hidden_layers")
     problem = layers and trainable_layers_problem(cfg.model.trainable_layers, layers)

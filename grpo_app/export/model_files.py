@@ -33,9 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import HUB_ID_RE, Config
-from .fileio import read_json_object, staged_dir
-from .runs import RunDir
+from grpo_app.core.config import HUB_ID_RE, Config
+from grpo_app.core.fileio import read_json_object, staged_dir
+from grpo_app.core.run_folder import RunDir
 
 FORMATS = ("gguf", "safetensors")
 QUANTS = {"gguf": ("f32", "f16", "q8_0"), "safetensors": ("f32", "f16")}
@@ -236,7 +236,7 @@ def write_gguf(model, tokenizer, path: Path, quant: str = "f32", name: str = "")
 # ------------------------------------------------------------------------------------------------
 def _base_model(cfg: Config) -> tuple[str | None, str]:
     """(hub id for the card's metadata or None, words for a reader)."""
-    from .models import EMBEDDED_HUB_ID
+    from grpo_app.core.models import EMBEDDED_HUB_ID
 
     name = cfg.model.name
     if name == "embedded":
@@ -399,7 +399,7 @@ def _check_writable(folder: Path) -> None:
 
 
 def load_trained(run: RunDir):
-    from .models import ModelError, load_model
+    from grpo_app.core.models import ModelError, load_model
 
     if not run.has_final_model():
         raise ExportError(f"run '{run.id}' has no trained model yet (a run saves one when it completes).")
@@ -476,7 +476,7 @@ def read_export_info(folder: Path) -> dict | None:
 # ------------------------------------------------------------------------------------------------
 def hub_offline_reason() -> str | None:
     """Why the Hub cannot be reached from here, or None if it can."""
-    from .data import hub_reachable
+    from grpo_app.core.data import hub_reachable
 
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
         return "this server runs offline (HF_HUB_OFFLINE is set)"

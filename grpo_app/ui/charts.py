@@ -562,7 +562,7 @@ def passk_figure(result: dict, uirevision=None):
 
 
 # ------------------------------------------------------------------------------------------------
-# The stage x task matrix (grpo_app/stage_matrix.py)
+# The stage x task matrix (grpo_app/evaluation/stage_matrix.py)
 # ------------------------------------------------------------------------------------------------
 def matrix_figure(matrices: list[tuple[str, dict]]) -> Chart:
     """One heatmap per (title, matrix) side by side: rows 'base' and 'after stage k', columns the stage tasks;

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .system import env_int
+from grpo_app.core.env import env_int
 
 
 def world_size() -> int:

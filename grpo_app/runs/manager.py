@@ -7,7 +7,7 @@ read this manager, never the engine's internals.
 
 Where the job runs:
 - `process=False` (the CLI, the tests): in a background thread of this process.
-- `process=True` (the web app): in a child process, `python -m grpo_app.train_child`. A crash of the
+- `process=True` (the web app): in a child process, `python -m grpo_app.runs.train_child`. A crash of the
   training, or its being killed for memory, then leaves the server up (the run is marked failed), the
   training's memory goes back to the system when the run ends, and the server's answers to pages never
   hold the interpreter lock the training loop needs. (That last was expected to remove the slowdown that
@@ -35,10 +35,10 @@ from pathlib import Path
 
 import psutil
 
-from .config import Config
-from .estimate import check_step
-from .fileio import _json_default, append_jsonl, atomic_write_json, hide_server_paths
-from .runs import ACTIVE, RunDir, list_runs, resolve_run, runs_root
+from grpo_app.core.config import Config
+from grpo_app.core.fileio import _json_default, append_jsonl, atomic_write_json, hide_server_paths
+from grpo_app.core.run_folder import ACTIVE, RunDir, list_runs, resolve_run, runs_root
+from grpo_app.training.estimate import check_step
 
 
 # ------------------------------------------------------------------------------------------------
@@ -212,7 +212,7 @@ def run_job(run: RunDir, resume: bool, reporter: _JobReporter, observers=()) -> 
     """Train `run` (and evaluate it against its base when it completes), reporting through `reporter`; the
     memory chart samples this process's RSS. A crash marks the run failed; nothing is raised.
     `observers`: `engine.Observer`s handed to `engine.train` (benches)."""
-    from .engine import train
+    from grpo_app.training.engine import train
 
     def on_mem(sample):
         reporter.store.add_memory(sample)
@@ -241,7 +241,7 @@ def _evaluate(run: RunDir, cfg: Config, reporter) -> None:
     A stop ends it early: training is complete and its model saved; the Compare tab can score it later."""
     if cfg.run.eval_n <= 0:
         return
-    from .evaluation import evaluate_run_vs_base
+    from grpo_app.evaluation.scoring import evaluate_run_vs_base
 
     reporter.status(phase="evaluating base vs trained")
     reporter.activity("ending the base-vs-trained evaluation (training is complete and its model is saved)")
@@ -410,9 +410,9 @@ class RunManager:
 
     def _launch_child(self, run: RunDir, resume: bool):
         read_fd, write_fd = os.pipe()
-        package_parent = str(Path(__file__).resolve().parent.parent)
+        package_parent = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH")) if p))
-        cmd = [sys.executable, "-m", "grpo_app.train_child", str(run.path), "--report-fd", str(write_fd)]
+        cmd = [sys.executable, "-m", "grpo_app.runs.train_child", str(run.path), "--report-fd", str(write_fd)]
         try:
             proc = subprocess.Popen(
                 cmd + (["--resume"] if resume else []),

@@ -93,7 +93,7 @@ def _scores(group: dict, name: str, n: int) -> tuple[list[float], bool]:
     recorded = (group.get("rewards") or {}).get(name)
     if recorded is not None:
         return [float(v) for v in recorded[:n]], False
-    from .rewards import REWARD_FUNCS, reward_columns
+    from grpo_app.core.rewards import REWARD_FUNCS, reward_columns
 
     fn = REWARD_FUNCS.get(name)
     if fn is None:

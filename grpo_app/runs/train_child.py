@@ -1,4 +1,4 @@
-"""The training child process of the web app: `python -m grpo_app.train_child RUN_FOLDER --report-fd N [--resume]`.
+"""The training child process of the web app: `python -m grpo_app.runs.train_child RUN_FOLDER --report-fd N [--resume]`.
 
 Started by `RunManager(process=True)` (manager.py says why). It trains the run folder's config with the
 same `run_job` and reporter as a training thread would; what it reports goes to the run folder and, one
@@ -17,13 +17,13 @@ import threading
 
 import psutil
 
-from .manager import PipeStore, _JobReporter, run_job
-from .runs import RunDir
-from .system import quiet_libraries
+from grpo_app.core.run_folder import RunDir
+from grpo_app.core.system import quiet_libraries
+from grpo_app.runs.manager import PipeStore, _JobReporter, run_job
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m grpo_app.train_child")
+    ap = argparse.ArgumentParser(prog="python -m grpo_app.runs.train_child")
     ap.add_argument("run")
     ap.add_argument("--report-fd", type=int, required=True)
     ap.add_argument("--resume", action="store_true")

@@ -36,8 +36,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import distributed
-from .fileio import atomic_open, atomic_write_json
+from grpo_app.core import distributed
+from grpo_app.core.fileio import atomic_open, atomic_write_json
 
 
 def trainable_parameters(model) -> list[tuple[str, torch.nn.Parameter]]:

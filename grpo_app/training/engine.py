@@ -34,18 +34,19 @@ import psutil
 import torch
 from transformers import TrainerCallback
 
-from . import distributed
-from .config import Config
-from .data import stage_pool, to_rows, with_replay
-from .ewc import EWCState, compute_fisher
-from .fileio import atomic_write_json, staged_dir
-from .generation import SamplingParams, generate_completions, use_fast_attention
-from .lean import layer_hooks, make_lean
-from .models import apply_lora, count_parameters, freeze_embeddings, freeze_lower_layers, load_model
-from .prompts import prompt_ids
-from .rewards import build_rewards
-from .runs import RunDir
-from .trainer import CurriculumGRPOTrainer, EngineOptions, StepAborted, restore_forward
+from grpo_app.core import distributed
+from grpo_app.core.config import Config
+from grpo_app.core.data import stage_pool, to_rows, with_replay
+from grpo_app.core.fileio import atomic_write_json, staged_dir
+from grpo_app.core.models import apply_lora, count_parameters, freeze_embeddings, freeze_lower_layers, load_model
+from grpo_app.core.prompts import prompt_ids
+from grpo_app.core.rewards import build_rewards
+from grpo_app.core.run_folder import RunDir
+from grpo_app.training.ewc import EWCState, compute_fisher
+from grpo_app.training.lean import layer_hooks, make_lean
+from grpo_app.training.sampler import SamplingParams, generate_completions, use_fast_attention
+from grpo_app.training.settings import grpo_args, trainer_settings, trackers
+from grpo_app.training.trainer import CurriculumGRPOTrainer, StepAborted, restore_forward
 
 
 class Reporter:
@@ -123,11 +124,6 @@ def step_activity(act: dict, offset: int, in_step: bool) -> str:
     return f"reaching a safe point in step {n}"
 
 
-def trackers(cfg: Config) -> list[str]:
-    """run.report_to as TRL's `report_to` (validated in config.report_to_errors; 'none' = no tracker)."""
-    return [n for n in (str(x).strip().lower() for x in cfg.run.report_to or []) if n and n != "none"]
-
-
 def _tracker_setup(cfg: Config, run: RunDir) -> None:
     """Trackers write inside the run folder and never need the network: wandb in offline mode (unless
     WANDB_MODE says otherwise) under <run>/wandb, trackio's local database under <run>/trackio (trackio
@@ -143,67 +139,6 @@ def _tracker_setup(cfg: Config, run: RunDir) -> None:
 
 def tensorboard_dir(run: RunDir, stage_index: int) -> Path:
     return run.path / "tensorboard" / f"stage-{stage_index + 1}"
-
-
-def grpo_args(cfg: Config, stage_index: int, output_dir: Path, device: str, run_name: str | None = None):
-    from trl import GRPOConfig
-
-    g = cfg.grpo
-    gen_batch = g.prompts_per_step * g.num_generations
-    micro = cfg.micro_batch
-    accum = gen_batch // micro
-    stage = cfg.stages[stage_index]
-    return GRPOConfig(
-        output_dir=str(output_dir),
-        per_device_train_batch_size=micro,
-        gradient_accumulation_steps=accum,
-        steps_per_generation=accum,
-        num_generations=g.num_generations,
-        max_completion_length=g.max_completion_length,
-        max_steps=stage.steps,
-        learning_rate=stage.learning_rate if stage.learning_rate is not None else g.learning_rate,  # (per stage)
-        lr_scheduler_type=g.lr_scheduler,
-        warmup_steps=g.warmup_steps,
-        weight_decay=g.weight_decay,
-        max_grad_norm=g.max_grad_norm if g.max_grad_norm > 0 else 1e9,
-        beta=g.beta,
-        epsilon=g.epsilon,
-        loss_type=g.loss_type,
-        scale_rewards=g.scale_rewards,
-        temperature=g.temperature,
-        top_p=g.top_p,
-        top_k=g.top_k or None,
-        num_iterations=1,
-        bf16=device == "cuda" and (cfg.model.dtype == "bfloat16" or (cfg.model.dtype == "auto" and _cuda_bf16())),
-        fp16=False,
-        use_cpu=device == "cpu",
-        activation_checkpointing=False,  # the engine's own layer recompute instead (prepare_model); the old
-        # name, gradient_checkpointing, is a deprecated alias that warns on every stage (TRL defaults it on)
-        logging_steps=cfg.run.log_every,
-        save_strategy="steps" if cfg.run.save_every else "no",
-        save_steps=cfg.run.save_every or 10**9,
-        report_to=trackers(cfg),
-        run_name=run_name,
-        seed=cfg.run.seed + stage_index,
-        data_seed=cfg.run.seed + stage_index,
-        disable_tqdm=True,
-        log_completions=False,
-        remove_unused_columns=False,
-        dataloader_num_workers=0,
-        shuffle_dataset=g.shuffle_prompts,
-        optim="adamw_torch",
-    )
-
-
-def stage_reward_weights(cfg: Config, k: int, names: list[str]) -> list[float]:
-    """The weights of the reward functions `names` in stage k: the stage's own `reward_weights` where it names
-    one, else rewards.weights."""
-    own = cfg.stages[k].reward_weights or {}
-    return [float(own.get(n, cfg.rewards.weights[n])) for n in names]
-
-
-def _cuda_bf16() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
 
 
 class _EngineCallback(TrainerCallback):
@@ -571,26 +506,12 @@ class _Job:
             train_dataset=dataset,
             callbacks=[cb],
             ewc=active_ewc,
-            ewc_after_clip=not cfg.ewc.clip_penalty,
-            engine_options=EngineOptions(
-                fast_generation=cfg.grpo.fast_generation,
-                stop_at_answer=cfg.grpo.stop_at_answer,
-                share_prompt_prefix=cfg.grpo.share_prompt_prefix,
-                skip_zero_advantage=cfg.grpo.skip_zero_advantage,
-                bucket_lengths=cfg.grpo.bucket_lengths,
-                force_answer_line=cfg.grpo.force_answer_line,
-                force_answer_line_loss=cfg.grpo.force_answer_line_loss,
-                top_k=cfg.grpo.top_k,
-                recent_samples=max(cfg.ewc.fisher_samples * 4, 64),
-                optimizer=cfg.grpo.optimizer,
-                merge_lora=cfg.model.lora_merge_for_generation,
-            ),
+            **trainer_settings(cfg, k, self.reward_names),
             on_group=on_group,
             checkpoint_hook=checkpoint_hook,
             should_abort=reporter.should_stop if in_step else None,
             on_activity=lambda act: _activity(reporter, step_activity(act, offset, in_step)),
         )
-        trainer.reward_weights = torch.tensor(stage_reward_weights(cfg, k, self.reward_names), dtype=torch.float32)
         if "tensorboard" in args.report_to:  # one TensorBoard run per stage, inside the run folder
             from transformers.integrations import TensorBoardCallback
 

@@ -36,8 +36,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .models import decoder_layers
-from .optim import trim_heap
+from grpo_app.core.models import decoder_layers
+from grpo_app.training.optim import trim_heap
 
 
 def _gate_up_backward(needs, x, g, u, w_gate, w_up, da):

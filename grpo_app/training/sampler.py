@@ -34,7 +34,7 @@ from transformers.cache_utils import DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from .answers import has_final_line
+from grpo_app.core.answers import has_final_line
 
 ATTN_IMPL = "grpo_cpu"
 

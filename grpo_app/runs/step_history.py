@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from .runs import RunDir
+from grpo_app.core.run_folder import RunDir
 
 _CACHE: dict[str, tuple[tuple, list[dict]]] = {}
 _LOCK = threading.Lock()

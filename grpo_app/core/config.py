@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = PROJECT_ROOT / "configs"
 
 # No worked example. An example does help an untrained 135M model (on 48 held-out two-digit +/- problems,
@@ -358,7 +358,7 @@ class RewardsConfig:
     )
 
     def check(self, cfg: Config, check_paths: bool = True) -> list[tuple[str, str]]:
-        from .rewards import REWARD_FUNCS  # (rewards imports answers; nothing there imports this module)
+        from grpo_app.core.rewards import REWARD_FUNCS  # (rewards imports answers; nothing there imports this module)
 
         e = []
         if not self.weights:
@@ -649,7 +649,13 @@ class Config:
 
     @property
     def micro_batch(self) -> int:
+        """Completions per forward/backward chunk: grpo.micro_batch_size, 0 = one group (G)."""
         return self.grpo.micro_batch_size or self.grpo.num_generations
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Chunks per optimizer step: the generation batch over the micro-batch (the check keeps it whole)."""
+        return self.grpo.generation_batch // self.micro_batch
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -23,9 +23,9 @@ from dataclasses import asdict, dataclass
 from decimal import Decimal
 from pathlib import Path
 
-from .answers import extract_final_answer, normalize_number
-from .config import ConfigError, problem_ids_path, read_problem_ids
-from .prompts import build_messages
+from grpo_app.core.answers import extract_final_answer, normalize_number
+from grpo_app.core.config import ConfigError, problem_ids_path, read_problem_ids
+from grpo_app.core.prompts import build_messages
 
 
 # ------------------------------------------------------------------------------------------------

@@ -13,13 +13,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from .answers import normalize_number
-from .data import MAX_QUESTION_CHARS
-from .evaluation import load_for_eval, score_output
-from .generation import SamplingParams, generate_completions
-from .models import model_bytes
-from .prompts import prompt_ids
-from .rewards import score_text
+from grpo_app.core.answers import normalize_number
+from grpo_app.core.data import MAX_QUESTION_CHARS
+from grpo_app.core.models import model_bytes
+from grpo_app.core.prompts import prompt_ids
+from grpo_app.core.rewards import score_text
+from grpo_app.evaluation.scoring import load_for_eval, score_output
+from grpo_app.training.sampler import SamplingParams, generate_completions
 
 MAX_TRY_CHARS = 2000  # a question longer than this is almost certainly a paste error
 MAX_TRY_TOKENS = 512

@@ -14,7 +14,7 @@ import uuid
 import zipfile
 from pathlib import Path
 
-from .runs import RunDir
+from grpo_app.core.run_folder import RunDir
 
 MAX_AGE_S = 3600.0
 
@@ -82,7 +82,7 @@ def model_download(run: RunDir, fmt: str, quant: str):
     """(file for a browser, ExportResult): the run's model exported by `model_export.export_run` into
     <run>/export/<fmt>-<quant> (kept there, e.g. for a Hub push), handed over as the .gguf file itself or,
     for safetensors, the export folder (model, tokenizer, model card) as a zip."""
-    from .model_export import export_run
+    from grpo_app.export.model_files import export_run
 
     res = export_run(run, fmt, quant)
     folder = _fresh_folder()

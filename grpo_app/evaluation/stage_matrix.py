@@ -19,9 +19,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .evaluation import CompareSpec, evaluate, load_for_eval, paired, problems_digest, score_model, wilson_interval
-from .fileio import atomic_write_json, read_json
-from .runs import RunDir
+from grpo_app.core.fileio import atomic_write_json, read_json
+from grpo_app.core.run_folder import RunDir
+from grpo_app.evaluation.scoring import (
+    CompareSpec,
+    evaluate,
+    load_for_eval,
+    paired,
+    problems_digest,
+    score_model,
+    wilson_interval,
+)
 
 
 class MatrixError(ValueError):

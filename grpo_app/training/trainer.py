@@ -29,7 +29,7 @@ logging, checkpoints, resume — is TRL's own code):
    Single process only: TRL gathers per-row tensors across processes, which needs equal row counts.
 5. The EWC penalty lambda/2 * sum F (theta - theta*)^2 (lambda: the config's `ewc.lam`) is added to the
    loss once per optimizer step and logged as `ewc_penalty`. Its gradient is added to the parameters'
-   gradients after clipping, just before the optimizer step (`ewc_after_clip` here, set from the config's
+   gradients after clipping, just before the optimizer step (`ewc_clip_penalty=False` here, the config's
    `ewc.clip_penalty: false`, the default); with `ewc.clip_penalty: true` it is clipped with the rest.
 6. Checkpoints are written to a staging folder and renamed into place when complete.
 7. A stop asked inside a step (`should_abort`) abandons that step: checked between decode steps of the
@@ -68,10 +68,10 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 from trl import GRPOTrainer
 
-from .estimate import LOGPROB_CHUNK  # (one value: the training pass and the memory estimate)
-from .fileio import publish_dir
-from .generation import SamplingParams, generate_completions
-from .optim import AdamWBF16Moments, trim_heap
+from grpo_app.core.fileio import publish_dir
+from grpo_app.training.estimate import LOGPROB_CHUNK  # (one value: the training pass and the memory estimate)
+from grpo_app.training.optim import AdamWBF16Moments, trim_heap
+from grpo_app.training.sampler import SamplingParams, generate_completions
 
 
 class StepAborted(Exception):
@@ -257,8 +257,9 @@ class CurriculumGRPOTrainer(GRPOTrainer):
         self,
         *args,
         ewc=None,
-        ewc_after_clip: bool = True,
+        ewc_clip_penalty: bool = False,
         engine_options: EngineOptions | None = None,
+        reward_weights: list[float] | None = None,
         on_group=None,
         checkpoint_hook=None,
         should_abort=None,
@@ -266,7 +267,7 @@ class CurriculumGRPOTrainer(GRPOTrainer):
         **kwargs,
     ):
         self.ewc = ewc
-        self.ewc_after_clip = ewc_after_clip
+        self.ewc_clip_penalty = ewc_clip_penalty  # the config's ewc.clip_penalty (5)
         self.opts = engine_options or EngineOptions()
         self.on_group = on_group  # callable(dict) with the latest group, after each generation
         self.checkpoint_hook = checkpoint_hook  # callable(folder) to add files before a checkpoint is published
@@ -285,11 +286,13 @@ class CurriculumGRPOTrainer(GRPOTrainer):
 
         self.remove_callback(PrinterCallback)
         self.remove_callback(ProgressCallback)
+        if reward_weights is not None:  # this stage's weights (TRL's reward_weights are one list per run)
+            self.reward_weights = torch.tensor(reward_weights, dtype=torch.float32)
 
     def create_optimizer(self, model=None):
         had = self.optimizer is not None
         opt = self._create_optimizer(model)
-        if not had and self.ewc is not None and self.ewc.active and self.ewc_after_clip:
+        if not had and self.ewc is not None and self.ewc.active and not self.ewc_clip_penalty:
             opt.register_step_pre_hook(self._ewc_grad_hook)  # runs after clip_grad_norm_, before the update
         return opt
 
@@ -650,7 +653,7 @@ class CurriculumGRPOTrainer(GRPOTrainer):
             self._ewc_step = self.state.global_step
             t0 = time.perf_counter()
             pen = self.ewc.penalty(self.accelerator.unwrap_model(model))
-            if self.ewc_after_clip:
+            if not self.ewc_clip_penalty:
                 pen = pen.detach()  # value only: the gradient is added after clipping (_ewc_grad_hook)
             loss = loss + pen
             self._metrics[mode]["ewc_penalty"].append(float(pen.detach()))
