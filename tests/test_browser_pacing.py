@@ -108,6 +108,6 @@ def test_a_new_step_costs_the_page_one_request(browser, served):  # noqa: F811
         assert pg.locator("#chart-reward .js-plotly-plot").count() == 1
     finally:
         demo.pacer.budget = budget
-        demo.studio.stop()
+        demo.studio.train.stop()
         demo.studio.manager.wait(120)
         pg.close()

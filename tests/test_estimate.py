@@ -82,9 +82,9 @@ def test_the_web_form_shows_the_refusal(tmp_path, monkeypatch):
     monkeypatch.setenv("GRPO_APP_CACHE_DIR", str(cache_root()))
     monkeypatch.setenv("GRPO_APP_MODELS_DIR", str(tmp_path / "models"))
     studio = Studio(manager=RunManager(tmp_path / "runs"), configs_dir="configs", default_preset="classroom")
-    values, _ = studio.preset_form("classroom")
+    values, _ = studio.train.preset_form("classroom")
     values.update(num_generations=64, prompts_per_step=MAX_PROMPTS_PER_STEP, max_completion_length=MAX_COMPLETION_TOKENS)
-    res = studio.start(TrainForm(preset="classroom", **values))
+    res = studio.train.start(TrainForm(preset="classroom", **values))
     assert not res.ok and "Nothing was started" in res.message and "one training step" in res.message
     assert "peak memory ~" in res.message and studio.manager.runs() == []
 

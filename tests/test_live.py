@@ -42,8 +42,8 @@ def test_the_routes_answer_a_page_without_a_run(served):
 def test_the_shared_part_of_a_draw_is_encoded_once_for_every_page(served, monkeypatch):
     demo, url = served
     calls = []
-    real = demo.studio.events_md
-    monkeypatch.setattr(demo.studio, "events_md", lambda view: calls.append(1) or real(view))
+    real = demo.studio.train.events_md
+    monkeypatch.setattr(demo.studio.train, "events_md", lambda view: calls.append(1) or real(view))
     bodies = {httpx.get(f"{url}/draw", params={"page": f"p{i}"}).content for i in range(5)}
     assert len(calls) == 1 and len(bodies) == 1  # five pages, one encoding, the same answer
 

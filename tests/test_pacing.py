@@ -76,8 +76,8 @@ def test_the_tick_answers_with_the_period_as_the_timer_value(tmp_path, monkeypat
     assert any(t[0] == timer._id and t[1] == "tick" for fn in ticks for t in fn.targets)
 
     every = []
-    real_mark = demo.studio.memory_mark
-    monkeypatch.setattr(demo.studio, "memory_mark", lambda view, every_s: every.append(every_s) or real_mark(view, every_s))
+    real_mark = demo.studio.train.memory_mark
+    monkeypatch.setattr(demo.studio.train, "memory_mark", lambda view, every_s: every.append(every_s) or real_mark(view, every_s))
     periods = [demo.live.poll(f"s{i}")[-1] for i in range(6)]
     assert periods == [1.5, 2.0, 3.0, 4.0, 5.0, 6.0]  # budget 1 poll/s: N pages -> every N seconds
     # the memory chart: every 5 s, or 6 periods when paced, rounded up to a rung of the ladder
@@ -108,12 +108,12 @@ def test_the_memory_mark_does_not_move_when_the_period_wobbles():
     the period (16.5, 17, 18 s as the draws-per-poll mean moves) gave a new bucket number, and every page redrew
     the memory chart at each change (measured: 1.85 draws per poll where 1.2 were due)."""
     from grpo_app.ui.live import memory_every
-    from grpo_app.ui.studio import Studio
+    from grpo_app.ui.services.train import TrainService
 
     lengths = {memory_every(p, 1.5) for p in (16.5, 17.0, 17.5, 18.0)}
     assert lengths == {120.0}
     view = {"live": True, "active": True, "run_id": "r", "mem_version": (1, 5)}
-    marks = {Studio.memory_mark(view, memory_every(p, 1.5)) for p in (16.5, 17.0, 18.0)}
+    marks = {TrainService.memory_mark(view, memory_every(p, 1.5)) for p in (16.5, 17.0, 18.0)}
     assert len(marks) == 1
 
 

@@ -33,7 +33,7 @@ def run_command(command: str):
 
 
 def form(studio, preset="tiny-app", **over):
-    values, _ = studio.preset_form(preset)
+    values, _ = studio.train.preset_form(preset)
     values.update(over)
     return TrainForm(preset=preset, **values)
 
@@ -51,7 +51,7 @@ CASES = [
 def test_the_shown_command_builds_the_config_start_would_run(studio, over):
     f = form(studio, **over)
     text, command = preview(studio, f)
-    expected = forms.build_config(form(studio, **over), studio.preset_data("tiny-app"), studio.model_roots(),
+    expected = forms.build_config(form(studio, **over), studio.train.preset_data("tiny-app"), studio.model_roots(),
                                   studio.manager.root)
     assert text == expected.to_yaml()  # exactly what Start builds
     args, cfg = run_command(command)

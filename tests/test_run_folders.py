@@ -114,13 +114,13 @@ def test_pages_refuse_symlinked_runs(runs_and_links, monkeypatch):
     root, real, elsewhere = runs_and_links
     studio = Studio(manager=RunManager(root), configs_dir="tests/configs/app")
     try:
-        assert studio.run_ids() == [real.id] and studio.run_ids(with_model=True) == [real.id]
-        for call in (lambda: studio.get_run("outside"), lambda: studio.run_with_model("outside")):
+        assert studio.runs.run_ids() == [real.id] and studio.runs.run_ids(with_model=True) == [real.id]
+        for call in (lambda: studio.runs.get_run("outside"), lambda: studio.run_with_model("outside")):
             with pytest.raises(FormError, match="no run"):
                 call()
-        res = studio.resume("outside")
+        res = studio.train.resume("outside")
         assert not res.ok and "no run" in res.message
-        res = studio.delete_run("outside", "outside")
+        res = studio.runs.delete_run("outside", "outside")
         assert not res.ok and (elsewhere / "config.yaml").is_file()
     finally:
         studio.shutdown(timeout=5)
@@ -178,18 +178,18 @@ def test_a_damaged_run_is_listed_and_every_view_works(tmp_path, capsys, name, co
         view = studio.view()
         assert view["run_id"] == bad.id and view["state"] == status
         render.status_html(monitor.progress(view))
-        studio.chart_json(view)
+        studio.train.chart_json(view)
         step = view.get("latest_step")
         render.step_html(step, 0), render.group_choices(step), render.events_md(view["events"])
-        studio.status()
+        studio.train.status()
         # the Runs tab: the list and the opened run
-        rows = render.run_rows(studio.run_summaries())
+        rows = render.run_rows(studio.runs.run_summaries())
         assert [r[1] for r in rows] == [status, "interrupted"]
-        opened = studio.run_view(studio.get_run(bad.id))
-        studio.chart_json(opened)
-        details = render.run_details_md(studio.get_run(bad.id).summary(), opened["events"])
+        opened = studio.runs.run_view(studio.runs.get_run(bad.id))
+        studio.train.chart_json(opened)
+        details = render.run_details_md(studio.runs.get_run(bad.id).summary(), opened["events"])
         assert (reason or "") in details
-        assert render.eval_rows(studio.run_evals(studio.get_run(bad.id))) == []
+        assert render.eval_rows(studio.runs.run_evals(studio.runs.get_run(bad.id))) == []
         monitor.resumable(bad), monitor.resume_target(studio.manager)
     finally:
         studio.shutdown(timeout=5)

@@ -27,7 +27,7 @@ def studio(tmp_path, monkeypatch):
 
 
 def form(studio, preset="tiny-short", **over):
-    values, _ = studio.preset_form(preset)
+    values, _ = studio.train.preset_form(preset)
     values.update(over)
     return TrainForm(preset=preset, **values)
 
@@ -38,47 +38,47 @@ def wait(pred, timeout=300):
 
 def test_presets_come_from_the_configs_folder(studio):
     assert list(studio.presets) == ["tiny-app", "tiny-short"] and studio.default_preset == "tiny-short"
-    values, desc = studio.preset_form("tiny-app")
+    values, desc = studio.train.preset_form("tiny-app")
     assert values["stages"][0] == ["add", "arithmetic", 1, 1, 40, "", "", ""] and "Tests only" in desc
     with pytest.raises(FormError, match="unknown preset"):
-        studio.preset_form("../configs/quick")
+        studio.train.preset_form("../configs/quick")
 
 
 def test_upload_is_checked_and_saved(studio, tmp_path):
     good = tmp_path / "mine.jsonl"
     good.write_text('{"question": "1+1?", "answer": "2"}\n{"question": "2+5?", "answer": "#### 7"}\n')
-    saved, msg = studio.check_upload(str(good))
+    saved, msg = studio.train.check_upload(str(good))
     assert Path(saved).parent == studio.uploads_dir and "2 problems" in msg
-    assert studio.check_upload(str(good))[0] == saved  # the same content is stored once
+    assert studio.train.check_upload(str(good))[0] == saved  # the same content is stored once
     bad = tmp_path / "bad.csv"
     bad.write_text("question,answer\nwhat?,seven\nok?,3\n")
     with pytest.raises(FormError, match="row 2: answer 'seven' is not a number"):
-        studio.check_upload(str(bad))
+        studio.train.check_upload(str(bad))
     big = tmp_path / "big.jsonl"
     big.write_bytes(b"x" * (studio.limits.max_upload_mb * 2**20 + 1))
     with pytest.raises(FormError, match="over the"):
-        studio.check_upload(str(big))
+        studio.train.check_upload(str(big))
 
 
 def test_start_refuses_bad_forms_and_a_second_run_then_stop_and_resume(studio):
-    res = studio.start(form(studio, num_generations=1, learning_rate="x"))
+    res = studio.train.start(form(studio, num_generations=1, learning_rate="x"))
     assert not res.ok and "Nothing was started" in res.message
     assert set(res.errors) == {"num_generations", "learning_rate"} and studio.manager.runs() == []
 
-    res = studio.start(form(studio, stages=[["a", "arithmetic", 1, 1, 30]]))
+    res = studio.train.start(form(studio, stages=[["a", "arithmetic", 1, 1, 30]]))
     assert res.ok and res.run_id
-    second = studio.start(form(studio))
+    second = studio.train.start(form(studio))
     assert not second.ok and "A run is in progress" in second.message
-    assert wait(lambda: studio.status()["steps_recorded"] >= 1)
-    st = studio.status()
+    assert wait(lambda: studio.train.status()["steps_recorded"] >= 1)
+    st = studio.train.status()
     assert st["run_id"] == res.run_id and st["active"] and st["total_steps"] == 30
 
-    assert studio.stop().ok
+    assert studio.train.stop().ok
     assert wait(lambda: not studio.manager.active)
-    assert studio.status()["state"] == "stopped"
-    assert not studio.stop().ok  # nothing to stop any more
-    assert "not a run id" in studio.resume("../x").message
-    res2 = studio.resume(None)  # the newest resumable run
+    assert studio.train.status()["state"] == "stopped"
+    assert not studio.train.stop().ok  # nothing to stop any more
+    assert "not a run id" in studio.train.resume("../x").message
+    res2 = studio.train.resume(None)  # the newest resumable run
     assert res2.ok and res2.run_id == res.run_id
     studio.manager.stop()
     assert wait(lambda: not studio.manager.active)
@@ -87,17 +87,17 @@ def test_start_refuses_bad_forms_and_a_second_run_then_stop_and_resume(studio):
 def test_a_stop_before_the_first_step_promises_no_resume(studio):
     """Issue 45, 4: stopped before any step completed, the run has no checkpoint, so neither the badge nor
     the run log may say Resume continues it, and Resume says there is nothing to continue."""
-    res = studio.start(form(studio, stages=[["a", "arithmetic", 1, 1, 30]]))
-    assert res.ok and studio.stop().ok  # at once: the model is still loading
+    res = studio.train.start(form(studio, stages=[["a", "arithmetic", 1, 1, 30]]))
+    assert res.ok and studio.train.stop().ok  # at once: the model is still loading
     assert wait(lambda: not studio.manager.active)
-    st = studio.status()
+    st = studio.train.status()
     assert st["state"] == "stopped" and st["step"] == 0, st
     assert studio.manager.current_run.latest_checkpoint() is None
     assert "resumable" not in st["state_text"] and "nothing to resume" in st["state_text"], st["state_text"]
     log = render.events_md(studio.view()["events"])
     assert "Resume continues" not in log and "checkpoint ?" not in log, log
     assert "nothing to resume (Start again)" in log, log
-    again = studio.resume(res.run_id)
+    again = studio.train.resume(res.run_id)
     assert not again.ok and "no complete checkpoint" in again.message
     from grpo_app.runs import monitor
 
@@ -106,14 +106,14 @@ def test_a_stop_before_the_first_step_promises_no_resume(studio):
 
 
 def test_charts_are_built_once_per_version(studio):
-    res = studio.start(form(studio))
+    res = studio.train.start(form(studio))
     assert res.ok
     assert wait(lambda: not studio.manager.active)
     view = studio.view()
     builds = studio.figures.builds
-    first = studio.chart_json(view)
+    first = studio.train.chart_json(view)
     assert set(first) == {"reward", "loss", "length", "memory", "throughput"}
-    assert studio.chart_json(view) == first and studio.figures.builds == builds + 2  # steps + memory, once
+    assert studio.train.chart_json(view) == first and studio.figures.builds == builds + 2  # steps + memory, once
     assert '"uirevision":"' + res.run_id in first["reward"].replace(" ", "")
 
 
@@ -122,7 +122,7 @@ def test_a_run_records_every_problem_each_step_trained_on(studio):
     held-out check reads it; steps.jsonl may be thinned)."""
     from grpo_app.core.fileio import read_jsonl
 
-    res = studio.start(form(studio))
+    res = studio.train.start(form(studio))
     assert res.ok
     assert wait(lambda: not studio.manager.active)
     run = studio.manager.current_run
@@ -155,12 +155,12 @@ def test_figure_cache_evicts_oldest():
 
 
 def test_delete_needs_the_typed_run_id(studio):
-    res = studio.start(form(studio))
+    res = studio.train.start(form(studio))
     assert wait(lambda: not studio.manager.active)
     rid = res.run_id
-    assert "type its id" in studio.delete_run(rid, "yes").message
-    assert "not a run id" in studio.delete_run("../" + rid, rid).message
-    assert studio.delete_run(rid, rid).ok and studio.manager.runs() == []
+    assert "type its id" in studio.runs.delete_run(rid, "yes").message
+    assert "not a run id" in studio.runs.delete_run("../" + rid, rid).message
+    assert studio.runs.delete_run(rid, rid).ok and studio.manager.runs() == []
     assert studio.view()["run_id"] is None  # the page no longer shows the deleted run
 
 
@@ -181,7 +181,7 @@ def test_delete_needs_the_typed_run_id(studio):
 )
 def test_compare_requests_are_checked(studio, args, text):
     with pytest.raises(FormError) as e:
-        studio.compare_spec(*args)
+        studio.compare.compare_spec(*args)
     assert any(text in m for _, m in e.value.errors), e.value.errors
 
 
@@ -194,9 +194,9 @@ def test_try_inputs_are_checked(studio):
         ((["a list"], None, 64), "must be text"),
     ):
         with pytest.raises(FormError) as e:
-            studio.check_try_input(*args)
+            studio.tryout.check_try_input(*args)
         assert any(text in m for _, m in e.value.errors), (args, e.value.errors)
-    assert studio.check_try_input("What is 2+2?", "4", 64) == 64
+    assert studio.tryout.check_try_input("What is 2+2?", "4", 64) == 64
 
 
 def test_train_tab_shows_a_resume_from_the_runs_tab_that_fails_at_once(studio):
@@ -217,12 +217,12 @@ def test_train_tab_shows_a_resume_from_the_runs_tab_that_fails_at_once(studio):
     time.sleep(1.1)  # run ids carry the time to the second
     newer = RunDir.create(root, load_config("tests/configs/tiny.yaml", ["model.name=tiny-random", "run.name=newer"]))
     newer.write_status(status="completed", started=time.time(), ended=time.time())
-    assert studio.status()["run_id"] == newer.id  # nothing launched here yet: the newest folder
+    assert studio.train.status()["run_id"] == newer.id  # nothing launched here yet: the newest folder
 
-    res = studio.resume(older.id)  # what the Runs tab's "Resume this run" calls
+    res = studio.train.resume(older.id)  # what the Runs tab's "Resume this run" calls
     assert res.ok, res.message
     assert wait(lambda: not studio.manager.active, 120)
-    st = studio.status()
+    st = studio.train.status()
     assert st["run_id"] == older.id and st["state"] == "failed" and not st["active"], st
     assert st["error"] and older.read_status()["error"] == st["error"]  # the job's own failure, as recorded
     html = render.status_html(st)
@@ -237,7 +237,7 @@ def test_status_answer_is_computed_once_per_run_version_for_all_watchers(tmp_pat
 
     import psutil
 
-    import grpo_app.ui.studio as studio_mod
+    import grpo_app.ui.services.train as studio_mod
     from grpo_app.core.config import load_config
     from grpo_app.core.run_folder import RunDir
 
@@ -259,14 +259,14 @@ def test_status_answer_is_computed_once_per_run_version_for_all_watchers(tmp_pat
     real_events = studio_mod.render.events_md
     monkeypatch.setattr(studio_mod.render, "events_md", lambda ev, limit=8: renders.append(1) or real_events(ev, limit))
 
-    answers = [studio.status() for _ in range(30)]
-    lines = {studio.status_line(studio.view()) for _ in range(30)}
-    logs = {studio.events_md(studio.view()) for _ in range(30)}
+    answers = [studio.train.status() for _ in range(30)]
+    lines = {studio.train.status_line(studio.view()) for _ in range(30)}
+    logs = {studio.train.events_md(studio.view()) for _ in range(30)}
     assert len(computed) == 1 and len(renders) == 1  # one computation for thirty watchers
     assert len(lines) <= 2 and len(logs) == 1  # (the line may pass one second boundary)
     assert all(a["run_id"] == run.id and a["state"] == "running" for a in answers)
     assert 99 < answers[0]["elapsed_s"] <= answers[-1]["elapsed_s"] < 200  # the clock still moves
 
     mgr.store.add_metric({"step": 1, "stage": 0, "stage_name": "s1", "reward": 0.25, "step_seconds": 2.0})
-    after = [studio.status() for _ in range(30)]
+    after = [studio.train.status() for _ in range(30)]
     assert len(computed) == 2 and all(a["last_step"] == 1 and a["reward"] == 0.25 for a in after)

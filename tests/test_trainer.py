@@ -7,10 +7,10 @@ from datasets import Dataset
 from grpo_app.core.config import load_config
 from grpo_app.core.models import freeze_embeddings
 from grpo_app.core.rewards import build_rewards
-from grpo_app.training.settings import grpo_args
 from grpo_app.training.ewc import EWCState, compute_fisher
 from grpo_app.training.lean import layer_hooks, make_lean
 from grpo_app.training.sampler import use_fast_attention
+from grpo_app.training.settings import grpo_args
 from grpo_app.training.trainer import CurriculumGRPOTrainer, EngineOptions, length_buckets, restore_forward
 
 from .conftest import make_tiny

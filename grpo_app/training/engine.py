@@ -45,7 +45,7 @@ from grpo_app.core.run_folder import RunDir
 from grpo_app.training.ewc import EWCState, compute_fisher
 from grpo_app.training.lean import layer_hooks, make_lean
 from grpo_app.training.sampler import SamplingParams, generate_completions, use_fast_attention
-from grpo_app.training.settings import grpo_args, trainer_settings, trackers
+from grpo_app.training.settings import grpo_args, trackers, trainer_settings
 from grpo_app.training.trainer import CurriculumGRPOTrainer, StepAborted, restore_forward
 
 

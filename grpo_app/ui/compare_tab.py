@@ -35,7 +35,7 @@ class CompareTab:
 def problem_sets(studio: Studio, run_id) -> list[tuple[str, str]]:
     out = [("GSM8K test problems", "gsm8k")]
     try:
-        cfg = studio.get_run(run_id).config()
+        cfg = studio.runs.get_run(run_id).config()
     except Exception:  # noqa: BLE001 - no run picked yet, or an unreadable one: GSM8K only
         return out
     for k, st in enumerate(cfg.stages):
@@ -165,7 +165,7 @@ def create_compare_tab(studio: Studio) -> CompareTab:
     ):
         skip = gr.skip()
         try:
-            spec = studio.compare_spec(
+            spec = studio.compare.compare_spec(
                 mode,
                 run,
                 base,
@@ -184,7 +184,7 @@ def create_compare_tab(studio: Studio) -> CompareTab:
             return
         watcher = getattr(request, "session_hash", None) if request is not None else None
         try:
-            job = studio.submit_compare(spec, watcher=watcher)
+            job = studio.compare.submit_compare(spec, watcher=watcher)
         except QueueFullError as e:
             yield None, _errors_html([("queue", f"The evaluation queue is full: {e}")]), skip, skip, skip, skip, skip
             return
@@ -246,7 +246,7 @@ def create_compare_tab(studio: Studio) -> CompareTab:
     matrix_other = _create_matrix_section(studio, run, seed)
 
     def refresh(current, other):
-        ids = studio.run_ids(with_model=True)
+        ids = studio.runs.run_ids(with_model=True)
         return (gr.update(choices=ids, value=current if current in ids else (ids[0] if ids else None)),
                 gr.update(choices=["", *ids], value=other if other in ids else ""))
 
@@ -265,7 +265,7 @@ def _create_matrix_section(studio: Studio, run, seed):
         "e.g. the same preset with EWC off, to see forgetting and protection side by side."
     )
     with gr.Row(equal_height=False):
-        other = gr.Dropdown(["", *studio.run_ids(with_model=True)], value="", label="Beside it (optional): another run",
+        other = gr.Dropdown(["", *studio.runs.run_ids(with_model=True)], value="", label="Beside it (optional): another run",
                             allow_custom_value=True, elem_id="matrix-other")
         n = gr.Number(50, label=f"N problems per task (1–{studio.limits.max_eval_n})", precision=None,
                       elem_id="matrix-n")
@@ -279,7 +279,7 @@ def _create_matrix_section(studio: Studio, run, seed):
         skip = gr.skip()
         watcher = getattr(request, "session_hash", None) if request is not None else None
         try:
-            job = studio.submit_matrix(run_id, other_id, n_problems, seed_value, watcher=watcher)
+            job = studio.compare.submit_matrix(run_id, other_id, n_problems, seed_value, watcher=watcher)
         except FormError as e:
             yield _errors_html(e.errors), skip, skip
             return

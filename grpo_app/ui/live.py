@@ -106,10 +106,10 @@ class LiveView:
         step = view.get("latest_step") or {}
         period = self.pacer.period(page)
         return [
-            studio.status_line(view),
+            studio.train.status_line(view),
             # once a step (and when the run log grows), not at every status update within it
             repr((view["charts_version"], step.get("step"), step.get("stage"))),
-            studio.memory_mark(view, memory_every(period, self.timer_s)),
+            studio.train.memory_mark(view, memory_every(period, self.timer_s)),
             period,
         ]
 
@@ -118,9 +118,9 @@ class LiveView:
         encoded once per change of the run (the figures and the log are themselves built once, by the studio)."""
 
         def encode() -> bytes:
-            js = self.studio.chart_json(view, self.steps_charts)
+            js = self.studio.train.chart_json(view, self.steps_charts)
             parts = [{"type": "plotly", "plot": js[k]} if js[k] is not None else None for k in self.steps_charts]
-            return orjson.dumps([*parts, self.studio.events_md(view)])
+            return orjson.dumps([*parts, self.studio.train.events_md(view)])
 
         # a cache of its own: `encode` reads the studio's caches, whose builders do not nest
         return self._shared.get(view["charts_version"], encode)
@@ -152,7 +152,7 @@ class LiveView:
 
     def memory(self) -> list:
         self.pacer.drew()
-        js = self.studio.chart_json(self.studio.view(), ["memory"])["memory"]
+        js = self.studio.train.chart_json(self.studio.view(), ["memory"])["memory"]
         return [None if js is None else {"type": "plotly", "plot": js}]
 
     # ---- routes -----------------------------------------------------------------------------------

@@ -71,8 +71,8 @@ def preview(studio, form, upload=None) -> tuple[str, str]:
     """(config.yaml, command) for the Train form exactly as Start would build it; raises forms.FormError."""
     from grpo_app.ui import forms
 
-    data = studio.preset_data(form.preset)
+    data = studio.train.preset_data(form.preset)
     if upload:
-        form.custom_path, _ = studio.check_upload(upload)
+        form.custom_path, _ = studio.train.check_upload(upload)
     cfg = forms.build_config(form, data, studio.model_roots(), studio.manager.root)
     return cfg.to_yaml(), train_command(studio.presets[form.preset], data, cfg)

@@ -116,9 +116,9 @@ def create_runs_tab(studio: Studio) -> RunsTab:
 
     @guard("list the runs")
     def refresh(current):
-        ids = studio.run_ids()
+        ids = studio.runs.run_ids()
         keep = current if current in ids else (ids[0] if ids else None)  # newest run opens by itself
-        return render.run_rows(studio.run_summaries()), gr.update(choices=ids, value=keep)
+        return render.run_rows(studio.runs.run_summaries()), gr.update(choices=ids, value=keep)
 
     refresh_btn.click(refresh, [pick], [table, pick], api_name="runs", concurrency_limit=None, show_progress="hidden")
 
@@ -128,16 +128,16 @@ def create_runs_tab(studio: Studio) -> RunsTab:
         if not run_id:
             return ["", *hidden]
         try:
-            run = studio.get_run(run_id)
+            run = studio.runs.get_run(run_id)
         except FormError as e:
             return [f"⚠ {e.errors[0][1]}", *hidden]
-        view = studio.run_view(run)
-        js = studio.chart_json(view)
+        view = studio.runs.run_view(run)
+        js = studio.train.chart_json(view)
         summary = run.summary()
         md = render.run_details_md(summary, view.get("events") or [])
         if resumable(run):
             md += "\n\nThis run can be resumed from its last checkpoint."
-        evals_rows = render.eval_rows(studio.run_evals(run))
+        evals_rows = render.eval_rows(studio.runs.run_evals(run))
         return [md, *[plot(js[k]) for k in TRAIN_CHARTS], evals_rows, gr.update(visible=True)]
 
     open_outputs = [details, *plot_outputs, evals, detail_box]
@@ -153,7 +153,7 @@ def create_runs_tab(studio: Studio) -> RunsTab:
         row = getattr(evt, "row_value", None)
         if row:
             return row[0]
-        ids = studio.run_ids()
+        ids = studio.runs.run_ids()
         try:
             return ids[evt.index[0]]
         except (TypeError, IndexError):
@@ -164,7 +164,7 @@ def create_runs_tab(studio: Studio) -> RunsTab:
     @guard("prepare the download")
     def on_download(run_id):
         try:
-            run = studio.get_run(run_id)
+            run = studio.runs.get_run(run_id)
             path = zip_trained_model(run)
         except FormError as e:
             return None, f"⚠ {e.errors[0][1]}"
@@ -182,7 +182,7 @@ def create_runs_tab(studio: Studio) -> RunsTab:
         if not run_id:
             return ""
         try:
-            run = studio.get_run(run_id)
+            run = studio.runs.get_run(run_id)
             return run.config_path.read_text(encoding="utf-8")
         except (FormError, OSError):
             return ""
@@ -196,7 +196,7 @@ def create_runs_tab(studio: Studio) -> RunsTab:
 
         try:
             fmt, quant = _export_choice(choice)
-            run = studio.get_run(run_id)
+            run = studio.runs.get_run(run_id)
             path, res = model_download(run, fmt, quant)
         except FormError as e:
             return None, f"⚠ {e.errors[0][1]}"
@@ -221,7 +221,7 @@ def create_runs_tab(studio: Studio) -> RunsTab:
 
         try:
             fmt, quant = _export_choice(choice)
-            run = studio.get_run(run_id)
+            run = studio.runs.get_run(run_id)
             folder = default_out(run, fmt, quant)
             shown = f"`export/{fmt}-{quant}` of run {run.id}"
             if not folder.is_dir():
@@ -242,17 +242,17 @@ def create_runs_tab(studio: Studio) -> RunsTab:
     def on_resume(run_id):
         if not run_id:
             return "⚠ Pick a run first."
-        return studio.resume(run_id).message
+        return studio.train.resume(run_id).message
 
     resume_btn.click(on_resume, [pick], [message], api_name="resume_run", concurrency_id="train_control")
 
     @guard("delete the run")
     def on_delete(run_id, confirmation):
-        res = studio.delete_run(run_id, confirmation)
-        ids = studio.run_ids()
+        res = studio.runs.delete_run(run_id, confirmation)
+        ids = studio.runs.run_ids()
         if not res.ok:
             return f"⚠ {res.message}", gr.skip(), gr.skip(), gr.skip()
-        return res.message, render.run_rows(studio.run_summaries()), gr.update(choices=ids, value=None), ""
+        return res.message, render.run_rows(studio.runs.run_summaries()), gr.update(choices=ids, value=None), ""
 
     delete_btn.click(on_delete, [pick, confirm], [message, table, pick, confirm], api_name="delete")
 
@@ -290,7 +290,7 @@ def _create_answers(studio: Studio) -> AnswersView:
     outputs = [problem, pos, view]
 
     def steps_of(run_id):
-        return load_steps(studio.get_run(run_id))
+        return load_steps(studio.runs.get_run(run_id))
 
     def draw(steps, key, at) -> str:
         if key:

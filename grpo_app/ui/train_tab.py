@@ -64,7 +64,7 @@ class TrainTab:
 def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
     presets = list(studio.presets)
     try:
-        values, description = studio.preset_form(studio.default_preset)
+        values, description = studio.train.preset_form(studio.default_preset)
     except FormError as e:  # a broken preset file must not take the page down
         values, description = {}, f"Preset problem: {e}"
     v = values.get
@@ -289,7 +289,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
     ):
         form = page_form(preset, model, data_source, stages, num_generations, completion_length, prompts_per_step,
                          learning_rate, ewc, ewc_lam, lora, seed, run_name)
-        res = studio.start(form, upload)
+        res = studio.train.start(form, upload)
         return [res.message, *[slot(res.errors.get(s)) for s in SLOTS]]
 
     start_btn.click(
@@ -318,7 +318,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
 
     @guard("stop training")
     def on_stop():
-        return studio.stop().message
+        return studio.train.stop().message
 
     stop_btn.click(on_stop, None, [message], api_name="stop", concurrency_limit=None).then(
         None, [page_id], tick_outputs, js=POLL_JS, show_progress="hidden"
@@ -326,7 +326,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
 
     @guard("resume training")
     def on_resume():
-        return studio.resume(None).message
+        return studio.train.resume(None).message
 
     resume_btn.click(on_resume, None, [message], api_name="resume", concurrency_id="train_control").then(
         None, [page_id], tick_outputs, js=POLL_JS, show_progress="hidden"
@@ -335,7 +335,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
     @guard("load the preset")
     def on_preset(preset):
         try:
-            vals, desc = studio.preset_form(preset)
+            vals, desc = studio.train.preset_form(preset)
         except FormError as e:
             return [gr.skip()] * 12 + [slot([m for _, m in e.errors])]
         return [
@@ -366,7 +366,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
         if not file:
             return "", slot(None)
         try:
-            _, msg = studio.check_upload(file)
+            _, msg = studio.train.check_upload(file)
         except FormError as e:
             return "", slot([m for _, m in e.errors])
         return msg, slot(None)
@@ -449,7 +449,7 @@ def _create_what_if(studio: Studio, group: gr.Dropdown, picked: PageChoices, pag
         if step.get("scale_rewards"):
             return step["scale_rewards"]
         try:  # a step recorded before the snapshot carried it: the run's setting
-            return studio.get_run(view.get("run_id")).config().grpo.scale_rewards
+            return studio.runs.get_run(view.get("run_id")).config().grpo.scale_rewards
         except Exception:  # noqa: BLE001 - TRL's default
             return "group"
 
@@ -576,6 +576,6 @@ def page_form(preset, model, data_source, stages, num_generations, completion_le
 def _status_api(studio: Studio):
     def status() -> dict:
         """The training run this server shows: state, stage, step, elapsed, ETA, tokens/s, latest reward."""
-        return studio.status()
+        return studio.train.status()
 
     return status

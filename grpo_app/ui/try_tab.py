@@ -40,7 +40,7 @@ def create_try_tab(studio: Studio) -> TryTab:
         trained = gr.Textbox(
             "", label="Model B (run id, hub id or folder)", visible=False, max_lines=1, elem_id="try-trained"
         )
-    problems = studio.sample_problems()
+    problems = studio.tryout.sample_problems()
     pick = gr.Dropdown(
         [(p["label"], i) for i, p in enumerate(problems)],
         value=None,
@@ -89,8 +89,8 @@ def create_try_tab(studio: Studio) -> TryTab:
     def on_ask(mode, run, base, trained, question, expected_answer, max_tokens):
         skip = gr.skip()
         try:
-            n_tokens = studio.check_try_input(question, expected_answer, max_tokens)
-            setup = studio.try_models(mode, run, base, trained)
+            n_tokens = studio.tryout.check_try_input(question, expected_answer, max_tokens)
+            setup = studio.tryout.try_models(mode, run, base, trained)
         except FormError as e:
             yield _errors_html(e.errors), skip, skip
             return
@@ -103,7 +103,7 @@ def create_try_tab(studio: Studio) -> TryTab:
         loaded = {}
         try:
             for role, name in roles.items():
-                loaded[role] = studio.load_model(name)
+                loaded[role] = studio.tryout.load_model(name)
         except ModelError as e:
             yield _errors_html([("model", str(e))]), skip, skip
             return
@@ -144,7 +144,7 @@ def create_try_tab(studio: Studio) -> TryTab:
     stop.click(None, None, None, cancels=[event], api_visibility="undocumented")
 
     def refresh(current):
-        ids = studio.run_ids(with_model=True)
+        ids = studio.runs.run_ids(with_model=True)
         return gr.update(choices=ids, value=current if current in ids else (ids[0] if ids else None))
 
     return TryTab(refresh_fn=refresh, refresh_inputs=[run], refresh_outputs=[run])
