@@ -125,7 +125,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
         err_stages = gr.Markdown(visible=False, elem_classes="field-error", elem_id="stages-error")
         with gr.Row(equal_height=False):
             with gr.Column(min_width=150):
-                num_gen = gr.Number(
+                num_generations = gr.Number(
                     v("num_generations", 8),
                     label="G: completions per prompt",
                     precision=None,
@@ -133,12 +133,12 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
                 )
                 err_g = gr.Markdown(visible=False, elem_classes="field-error")
             with gr.Column(min_width=150):
-                prompts = gr.Number(
+                prompts_per_step = gr.Number(
                     v("prompts_per_step", 4), label="Prompts per step", precision=None, elem_id="prompts-per-step"
                 )
                 err_prompts = gr.Markdown(visible=False, elem_classes="field-error")
             with gr.Column(min_width=150):
-                length = gr.Number(
+                max_completion_length = gr.Number(
                     v("max_completion_length", 96),
                     label="Completion length (tokens)",
                     precision=None,
@@ -146,7 +146,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
                 )
                 err_len = gr.Markdown(visible=False, elem_classes="field-error")
             with gr.Column(min_width=150):
-                lr = gr.Textbox(
+                learning_rate = gr.Textbox(
                     v("learning_rate", "1e-05"), label="Learning rate", max_lines=1, elem_id="learning-rate"
                 )
                 err_lr = gr.Markdown(visible=False, elem_classes="field-error")
@@ -161,7 +161,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
                 ewc = gr.Checkbox(
                     v("ewc", True), label="EWC: protect what earlier stages learned (Fisher penalty)", elem_id="ewc"
                 )
-                lam = gr.Number(v("ewc_lam", 1000.0), label="EWC λ (strength)", precision=None, elem_id="ewc-lambda")
+                ewc_lam = gr.Number(v("ewc_lam", 1000.0), label="EWC λ (strength)", precision=None, elem_id="ewc-lambda")
                 err_ewc = gr.Markdown(visible=False, elem_classes="field-error")
             with gr.Column(min_width=200):
                 lora = gr.Checkbox(
@@ -210,7 +210,9 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
     # change markers (hidden; see the tick): each one's .change draws its part
     step_mark, memory_mark = (gr.Textbox(visible=False, elem_id=f"mark-{k}") for k in ("step", "mem"))
 
-    form_inputs = [preset, model, gsm8k, upload, stages, num_gen, length, prompts, lr, ewc, lam, lora, seed, run_name]
+    # (named as the config names them: one name per setting from the YAML key to the trainer)
+    form_inputs = [preset, model, gsm8k, upload, stages, num_generations, max_completion_length, prompts_per_step,
+                   learning_rate, ewc, ewc_lam, lora, seed, run_name]
     slot_components = {
         "preset": err_preset,
         "model": err_model,
@@ -357,7 +359,8 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
     preset.input(
         on_preset,
         [preset],
-        [preset_desc, model, gsm8k, stages, num_gen, length, prompts, lr, ewc, lam, lora, seed, err_preset],
+        [preset_desc, model, gsm8k, stages, num_generations, max_completion_length, prompts_per_step, learning_rate,
+         ewc, ewc_lam, lora, seed, err_preset],
         api_name="preset",
     )
 
