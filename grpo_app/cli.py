@@ -358,6 +358,12 @@ def cmd_compare(args) -> int:
 def cmd_runs(args) -> int:
     from grpo_app.core.run_folder import list_runs
 
+    if args.action == "compare":
+        return cmd_runs_compare(args)
+    if args.ids:
+        print(f"'runs' lists every run; to put runs side by side: runs compare {' '.join(args.ids[:8])}",
+              file=sys.stderr)
+        return 2
     try:
         runs = list_runs(_runs_dir(args.runs_dir))
     except (ValueError, OSError) as e:
@@ -372,6 +378,73 @@ def cmd_runs(args) -> int:
         dur = f"{s['duration_s'] / 60:.1f} min" if s["duration_s"] else "-"
         line = f"{s['run_id']:<40} {s['status']:<12} {s['preset']:<12} steps {s['steps']:<9} reward {rew:<7} {dur}"
         print(line + (f"  ({_cut(s['damage'], 200)})" if s.get("damage") else ""))
+    return 0
+
+
+def cmd_runs_compare(args) -> int:
+    """Runs side by side (issue 44): the settings in which they differ and a leaderboard of their Compare
+    results on the same problems; --score N first scores the runs missing from GSM8K test (N problems)."""
+    from grpo_app.core.run_folder import resolve_run
+    from grpo_app.runs.side_by_side import (
+        SideBySideError,
+        check_runs,
+        common_sets,
+        gsm8k_set,
+        leaderboard,
+        score_missing,
+        settings_diff,
+    )
+
+    try:
+        root = _runs_dir(args.runs_dir)
+        runs = check_runs([resolve_run(root, rid) for rid in args.ids])
+    except (ValueError, OSError, SideBySideError) as e:
+        print(f"Cannot put these runs side by side: {e}", file=sys.stderr)
+        return 2
+    if args.score:
+        if not 1 <= args.score <= 5000:
+            print("--score takes a number of problems from 1 to 5000.", file=sys.stderr)
+            return 2
+
+        def report(**f):
+            if f.get("phase"):
+                print(f"  {_cut(f['phase'], 160)}", file=sys.stderr, flush=True)
+
+        try:
+            scored = score_missing(runs, args.score, args.seed, report)
+        except Exception as e:  # noqa: BLE001 - one clear line, never a traceback
+            print(f"Scoring failed: {_cut(e, 300)}", file=sys.stderr)
+            return 1
+        print(f"Scored {len(scored)} run(s) on {gsm8k_set(args.score, args.seed)}.", file=sys.stderr)
+        args.set = args.set or gsm8k_set(args.score, args.seed)
+    sets = common_sets(runs)
+    set_name = args.set or (sets[0][0] if sets else gsm8k_set(100, args.seed))
+    diff = settings_diff(runs)
+    board = leaderboard(runs, set_name)
+    if args.json:
+        print(json.dumps({"runs": [r.id for r in runs], "diff": diff, "sets": sets, "leaderboard": board}, indent=1))
+        return 0
+    ids = [r.id for r in runs]
+    print("Settings in which they differ" + ("" if diff else ": none"))
+    width = max([len(row["setting"]) for row in diff] + [7])
+    for i, rid in enumerate(ids):
+        print(f"  [{i + 1}] {rid}")
+    for row in diff:
+        print(f"  {row['setting']:<{width}}  " + "  ".join(f"[{i + 1}] {_cut(row[r], 40)}" for i, r in enumerate(ids)))
+    print(f"\nLeaderboard on {set_name} (greedy; p: exact McNemar, paired by problem)")
+    if not board["rows"]:
+        print("  no run has a result on it; score them with --score N (or pick another set with --set).")
+    for i, r in enumerate(board["rows"]):
+        lo, hi = r["ci"]
+        vs_best = "best" if i == 0 else f"p vs best {r['p_vs_best']:.3g}"
+        print(f"  {i + 1}. {r['run']:<40} {100 * r['accuracy']:5.1f}% [{100 * lo:.1f}-{100 * hi:.1f}]  "
+              f"base {100 * r['base_accuracy']:.1f}%  n {r['n']}  {vs_best}")
+    if board["missing"]:
+        print(f"  not scored on it: {', '.join(board['missing'])} (--score N scores them on GSM8K test)")
+    if board["apart"]:
+        print(f"  scored on other problems under that name, not ranked: {', '.join(board['apart'])}")
+    if len(sets) > 1:
+        print("  other problem sets: " + ", ".join(f"{s} ({k} runs)" for s, k in sets if s != set_name))
     return 0
 
 
@@ -656,7 +729,16 @@ def build_parser() -> argparse.ArgumentParser:
         e.add_argument("--int8", action="store_true", help="dynamic INT8 quantization of Linear layers")
         e.set_defaults(func=fn)
 
-    ls = sub.add_parser("runs", help="list runs")
+    ls = sub.add_parser("runs", help="list runs, or put 2-8 runs side by side: runs compare ID ID ...")
+    ls.add_argument("action", nargs="?", choices=["compare"], help="compare: the settings that differ and a "
+                    "leaderboard of the runs' Compare results on the same problems")
+    ls.add_argument("ids", nargs="*", help="run ids (with compare)")
+    ls.add_argument("--set", default="", help="compare: the problem set to rank on (a result name of the runs' "
+                    "eval/ folders, e.g. gsm8k-n100-seed0-d0-99; default: the one most runs share)")
+    ls.add_argument("--score", type=int, default=0, metavar="N",
+                    help="compare: first score the runs missing from GSM8K test on N problems")
+    ls.add_argument("--seed", type=int, default=0, help="compare --score: the problems' seed (default 0)")
+    ls.add_argument("--json", action="store_true", help="compare: print JSON")
     ls.add_argument("--runs-dir", default=None)
     ls.set_defaults(func=cmd_runs)
 

@@ -621,3 +621,24 @@ def matrix_figure(matrices: list[tuple[str, dict]]) -> Chart:
     fig.update_layout(template="plotly_white", font=FONT, height=120 + 70 * (len(matrices[0][1]["rows"]) + 1)
                       if matrices else HEIGHT, margin=dict(l=10, r=10, t=80, b=70))
     return fig
+
+
+# ------------------------------------------------------------------------------------------------
+# Runs side by side (issue 44)
+# ------------------------------------------------------------------------------------------------
+def overlay_figure(title: str, ytitle: str, series: list[dict], smoothing: float = 0.0, uirevision=None) -> Chart:
+    """Several runs' values of one metric over steps, one colour per run (`series`: from
+    `runs.side_by_side.overlay_series`); the hover names the run, its stage and the step."""
+    fig = Chart()
+    drawn = False
+    for i, s in enumerate(series):
+        ys = smooth(s["values"], smoothing) if smoothing else s["values"]
+        drawn |= _line(
+            fig, s["steps"], ys, s["run"], COLORS[i % len(COLORS)], width=3, markers=True, marker=dict(size=5),
+            customdata=s["stages"],
+            hovertemplate="%{fullData.name}<br>%{customdata}<br>step %{x}: %{y:.4g}<extra></extra>",
+        )
+    if not drawn:
+        return empty_figure(title, "none of these runs recorded it", uirevision)
+    return _layout(fig, title, "step", ytitle, uirevision, hovermode="closest",
+                   xaxis=dict(rangemode="tozero", tickformat="d"))

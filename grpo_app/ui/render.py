@@ -617,3 +617,48 @@ def matrix_note_html(titled: list[tuple[str, dict]]) -> str:
                      for t in tasks)
     runs = "".join(f"<p><b>{_e(title)}.</b> {_e(summary_sentence(m))}</p>" for title, m in titled)
     return f'<div class="matrix-note">{runs}<ul>{origin}</ul></div>'
+
+
+# ---- runs side by side (issue 44) ------------------------------------------------------------------------
+BOARD_HEADERS = ["#", "Run", "Trained accuracy [95% CI]", "Base accuracy", "p vs base", "p vs best", "Trained format",
+                 "N"]
+
+
+def diff_table(diff: list[dict], run_ids: list[str]) -> dict:
+    """The settings in which the runs differ, as a Dataframe value (one column per run)."""
+    if not diff:
+        return {"headers": ["Setting", *run_ids], "data": [["(the runs' settings are the same)", *[""] * len(run_ids)]]}
+    return {"headers": ["Setting", *run_ids], "data": [[row["setting"], *[row.get(r, "") for r in run_ids]] for row in diff]}
+
+
+def _p(p) -> str:
+    return "—" if p is None else f"{p:.3g}"
+
+
+def board_rows(board: dict) -> list[list]:
+    rows = []
+    for i, r in enumerate(board.get("rows") or []):
+        rows.append([
+            i + 1,
+            r["run"],
+            f"{_pct(r['accuracy'])} [{_pct(r['ci'][0])}–{_pct(r['ci'][1])}]",
+            _pct(r["base_accuracy"]),
+            _p(r.get("p_vs_base")),
+            "best" if i == 0 else _p(r.get("p_vs_best")),
+            "—" if r.get("format") is None else _pct(r["format"]),
+            r["n"],
+        ])
+    return rows
+
+
+def board_note_html(board: dict) -> str:
+    """What the leaderboard is on, who is missing from it, and how to read p."""
+    parts = [f"Problem set <b>{_e(board.get('set', ''))}</b>: each run's trained model on the same problems "
+             "(greedy), ranked by accuracy; <i>p vs best</i> is an exact McNemar test against the top run on the "
+             "problems both answered (p &lt; 0.05: the gap is unlikely to be luck)."]
+    if board.get("missing"):
+        parts.append(f"Not scored on it yet: {_e(', '.join(board['missing']))} (press <b>Score the missing runs</b>).")
+    if board.get("apart"):
+        parts.append(f"Scored on other problems under that name (another data source), so not ranked here: "
+                     f"{_e(', '.join(board['apart']))}.")
+    return "<div class='board-note'>" + "<br>".join(parts) + "</div>"

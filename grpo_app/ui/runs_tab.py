@@ -1,4 +1,5 @@
-"""Runs tab: every run under the runs folder — status, preset, stages, final reward, duration — and,
+"""Runs tab: several runs side by side (their curves on shared charts, the settings in which they differ, a
+leaderboard of their comparisons on the same problems), every run under the runs folder — status, preset, stages, final reward, duration — and,
 for one run, its charts, its answers across training (one problem's sampled groups step by step, or one
 step's groups, from steps.jsonl), its comparisons, its config.yaml, its trained model as a zip, an export
 as GGUF or safetensors (with a model card) and its push to the Hugging Face Hub, Resume, and Delete (which
@@ -6,12 +7,15 @@ asks for the run id typed out, so nothing is deleted by a stray click)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import gradio as gr
 
 from grpo_app.export.downloads import model_download, zip_trained_model
+from grpo_app.runs.job_queue import DONE, QueueFullError
 from grpo_app.runs.monitor import resumable
+from grpo_app.runs.side_by_side import MAX_RUNS, OVERLAY_METRICS
 from grpo_app.ui import render
 from grpo_app.ui.common import guard, plot
 from grpo_app.ui.forms import FormError
@@ -105,6 +109,7 @@ def create_runs_tab(studio: Studio) -> RunsTab:
             confirm = gr.Textbox(label="Type the run id to confirm", max_lines=1, elem_id="runs-confirm")
             delete_btn = gr.Button("Delete run", variant="stop", elem_id="runs-delete")
     message = gr.Markdown(elem_id="runs-message")
+    side = _create_side_by_side(studio)
     plots = {
         "reward": reward_plot,
         "loss": loss_plot,
@@ -118,9 +123,10 @@ def create_runs_tab(studio: Studio) -> RunsTab:
     def refresh(current):
         ids = studio.runs.run_ids()
         keep = current if current in ids else (ids[0] if ids else None)  # newest run opens by itself
-        return render.run_rows(studio.runs.run_summaries()), gr.update(choices=ids, value=keep)
+        return render.run_rows(studio.runs.run_summaries()), gr.update(choices=ids, value=keep), gr.update(choices=ids)
 
-    refresh_btn.click(refresh, [pick], [table, pick], api_name="runs", concurrency_limit=None, show_progress="hidden")
+    refresh_btn.click(refresh, [pick], [table, pick, side], api_name="runs", concurrency_limit=None,
+                      show_progress="hidden")
 
     @guard("open the run")
     def on_open(run_id):
@@ -256,7 +262,7 @@ def create_runs_tab(studio: Studio) -> RunsTab:
 
     delete_btn.click(on_delete, [pick, confirm], [message, table, pick, confirm], api_name="delete")
 
-    return RunsTab(refresh_fn=refresh, refresh_inputs=[pick], refresh_outputs=[table, pick])
+    return RunsTab(refresh_fn=refresh, refresh_inputs=[pick], refresh_outputs=[table, pick, side])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -344,3 +350,101 @@ def _create_answers(studio: Studio) -> AnswersView:
         )
 
     return AnswersView(init=init, outputs=outputs, wire=wire)
+
+
+def _create_side_by_side(studio: Studio):
+    """Runs side by side (issue 44): 2-8 runs' reward, answer-length, EWC-penalty and memory curves on shared
+    charts, the settings in which they differ, and a leaderboard of their Compare results on the same problems,
+    scoring the missing runs on request. Returns the run picker (the tab's refresh fills its choices)."""
+
+    with gr.Accordion("Runs side by side: a class's experiments on shared charts, with a leaderboard", open=False,
+                      elem_id="side-box"):
+        gr.Markdown(
+            f"Pick 2 to {MAX_RUNS} runs (e.g. one group's run with EWC and another's without, or G = 4 against "
+            "G = 16). Each run gets one colour on every chart; hover a point for its run, stage and step. The table "
+            "lists only the settings in which the runs differ; the leaderboard ranks their trained models on the "
+            "same problems."
+        )
+        with gr.Row(equal_height=False):
+            picked = gr.Dropdown([], value=[], multiselect=True, max_choices=MAX_RUNS, label="Runs", scale=4,
+                                 elem_id="side-runs")
+            board_set = gr.Dropdown([], value=None, label="Leaderboard problem set", allow_custom_value=True, scale=2,
+                                    elem_id="side-set")
+            go = gr.Button("Side by side", variant="primary", scale=1, elem_id="side-btn")
+        note = gr.HTML(elem_id="side-note")
+        with gr.Row(equal_height=True):
+            reward_plot = gr.Plot(show_label=False, elem_id="side-chart-reward")
+            length_plot = gr.Plot(show_label=False, elem_id="side-chart-length")
+        with gr.Row(equal_height=True):
+            ewc_plot = gr.Plot(show_label=False, elem_id="side-chart-ewc")
+            memory_plot = gr.Plot(show_label=False, elem_id="side-chart-memory")
+        diff = gr.Dataframe(interactive=False, wrap=True, label="Settings in which they differ", elem_id="side-diff")
+        board = gr.Dataframe(headers=render.BOARD_HEADERS, interactive=False, wrap=True, label="Leaderboard",
+                             elem_id="side-board")
+        board_note = gr.HTML(elem_id="side-board-note")
+        with gr.Row(equal_height=False):
+            n = gr.Number(100, label=f"N GSM8K test problems (1–{studio.limits.max_eval_n})", precision=None,
+                          elem_id="side-n")
+            score_btn = gr.Button("Score the missing runs", elem_id="side-score")
+        progress_view = gr.HTML(elem_id="side-progress")
+    plots = {"reward": reward_plot, "length": length_plot, "ewc": ewc_plot, "memory": memory_plot}
+
+    @guard("put the runs side by side")
+    def on_side(run_ids, set_name):
+        skip = [gr.skip()] * (len(plots) + 4)
+        try:
+            res = studio.runs.side_by_side(run_ids, set_name)
+        except FormError as e:
+            return [_errors(e.errors), *skip]
+        sets = [(f"{name} ({k} of {len(res['runs'])} runs)", name) for name, k in res["sets"]]
+        return [
+            "",
+            *[plot(res["charts"][k]) for k in OVERLAY_METRICS],
+            render.diff_table(res["diff"], res["runs"]),
+            render.board_rows(res["board"]),
+            render.board_note_html(res["board"]),
+            gr.update(choices=sets or [(res["board"]["set"], res["board"]["set"])], value=res["board"]["set"]),
+        ]
+
+    outputs = [note, *[plots[k] for k in OVERLAY_METRICS], diff, board, board_note, board_set]
+    go.click(on_side, [picked, board_set], outputs, api_name="side_by_side", concurrency_limit=4)
+
+    @guard("score the missing runs")
+    def on_score(run_ids, n_problems, request: gr.Request):
+        watcher = getattr(request, "session_hash", None) if request is not None else None
+        skip = [gr.skip()] * 4
+        try:
+            job = studio.runs.submit_score_missing(run_ids, n_problems, 0, watcher=watcher)
+        except FormError as e:
+            yield [_errors(e.errors), *skip]
+            return
+        except QueueFullError as e:
+            yield [_errors([("queue", f"The evaluation queue is full: {e}")]), *skip]
+            return
+        last = None
+        while True:
+            job = studio.evals.get(job.id, watcher=watcher) or job
+            html = render.job_progress_html(job.snapshot(), studio.evals.position(job), studio.manager.active)
+            if job.finished:
+                break
+            if html != last:
+                yield [html, *skip]
+                last = html
+            time.sleep(0.5)
+        if job.status != DONE:
+            yield [render.job_progress_html(job.snapshot()), *skip]
+            return
+        res = studio.runs.side_by_side(run_ids, job.result["set"])
+        yield [render.job_progress_html(job.snapshot()), render.board_rows(res["board"]),
+               render.board_note_html(res["board"]),
+               gr.update(choices=[(f"{s} ({k} of {len(res['runs'])} runs)", s) for s, k in res["sets"]],
+                         value=res["board"]["set"]),
+               gr.skip()]
+
+    score_btn.click(on_score, [picked, n], [progress_view, board, board_note, board_set, note],
+                    api_name="side_score", concurrency_id="compare", concurrency_limit=8, show_progress="minimal")
+    return picked
+
+
+def _errors(errors) -> str:
+    return render.errors_html(errors, "Nothing was done:")

@@ -1,0 +1,57 @@
+"""Runs side by side in headless Chromium (issue 44): three tiny runs written into the app's runs folder, picked
+on the Runs tab; one line per run on the shared charts, the settings in which they differ, the leaderboard of
+two scored runs, then the missing third scored from the page. Screenshot: screenshot_side_by_side_tiny.png."""
+
+import pytest
+
+from tests.app_server import wait_for
+from tests.test_browser import TIMEOUT_MS, browser, server, shots  # noqa: F401 - fixtures
+from tests.test_side_by_side import make_runs, save_result
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture
+def page(browser, server):  # noqa: F811
+    pg = browser.new_page(viewport={"width": 1400, "height": 1200})
+    pg.set_default_timeout(TIMEOUT_MS)
+    pg.goto(server.url)
+    pg.wait_for_selector("#start-btn")
+    yield pg
+    pg.close()
+
+
+def traces(page, elem_id: str) -> int:
+    """Lines Plotly drew in a chart."""
+    return page.locator(f"#{elem_id} .scatterlayer .trace").count()
+
+
+def test_three_runs_side_by_side_with_a_leaderboard_and_the_missing_one_scored(page, server, shots, tokenizer):  # noqa: F811
+    a, b, c = make_runs(server.runs_dir, tokenizer, name="browser")
+    name = "gsm8k-n2-seed0-d0-99"
+    save_result(a, name, [1, 0], [0, 0])
+    save_result(b, name, [1, 1], [0, 0])
+    page.get_by_role("tab", name="Runs").click()
+    page.click("#runs-refresh")
+    wait_for(lambda: c.id in page.inner_text("#runs-table"), 60, what="the runs in the list")
+    page.click("#side-box button.label-wrap")
+    for run in (a, b, c):
+        page.click("#side-runs input")
+        page.get_by_role("option", name=run.id).click()
+    page.click("#side-btn")
+    wait_for(lambda: traces(page, "side-chart-reward") == 3, 60, what="three lines on the reward chart")
+    assert traces(page, "side-chart-length") == 3 and traces(page, "side-chart-memory") == 3
+    diff = page.inner_text("#side-diff")
+    assert "ewc.enabled" in diff and "grpo.num_generations" in diff and "run.name" not in diff
+    board = page.inner_text("#side-board")
+    assert board.index(b.id) < board.index(a.id) and c.id not in board
+    assert "best" in board and c.id in page.inner_text("#side-board-note")  # missing, said so
+
+    page.fill("#side-n input", "2")
+    page.press("#side-n input", "Tab")
+    page.click("#side-score")
+    wait_for(lambda: c.id in page.inner_text("#side-board"), 300, what="the third run scored and ranked")
+    assert "finished" in page.inner_text("#side-progress")
+    assert (c.eval_dir / f"{name}.json").is_file()
+    assert str(server.runs_dir) not in page.inner_text("#side-box")  # never a server path on the page
+    page.locator("#side-box").screenshot(path=str(shots / "screenshot_side_by_side_tiny.png"))
