@@ -153,6 +153,8 @@ def main() -> int:
             values[10],
             values[11],
             "readme",
+            values[12],
+            values[13],
         ]
         msg = client.predict(*start, api_name="/start")[0]
         print(msg, flush=True)

@@ -227,6 +227,8 @@ def start_training(url: str, model: str) -> str:
         False,  # LoRA
         preset[11],  # seed
         "watchers",
+        preset[12],  # loss type
+        preset[13],  # advantage scaling
     ]
     msg = client.predict(*args, api_name="/start")[0]
     if "Started run" not in msg:

@@ -52,6 +52,8 @@ def start_args(**over) -> list:
         "lora": False,
         "seed": 42,
         "run_name": "",
+        "loss_type": "dapo",
+        "scale_rewards": "group",
     }
     unknown = set(over) - set(args)
     assert not unknown, unknown

@@ -113,8 +113,9 @@ def what_if(
 ) -> dict:
     """One recorded group (a `latest_step.json` group) recomputed with other reward weights and/or only its
     first `group_size` completions: a group dict like the recorded one (question, answer, completions,
-    rewards, totals, mean, std, advantages) plus 'weights', 'group_size', 'scale_rewards' and 'computed'
-    (rewards scored now from the text because the run did not use them).
+    rewards, totals, mean, std, advantages) plus 'weights', 'group_size', 'scale_rewards', 'by_scale' (the
+    advantages under each of group / batch / none) and 'computed' (rewards scored now from the text because
+    the run did not use them).
 
     Weights of 0 drop a reward. With scale_rewards "batch" the std is over `batch_groups` (every group of the
     step, this one included, each cut to `group_size`); without them, over this group alone."""
@@ -141,6 +142,10 @@ def what_if(
     if any(len(o.get("completions") or []) < n for o in others):
         raise ValueError("every group of the step needs at least group-size completions.")
     res = group_advantages(table, active, scale_rewards)
+    # the same totals under each of TRL's scalings (group: GRPO; batch: PPO Lite; none: Dr. GRPO), so a class
+    # sees what dividing by the std does to a group whose rewards barely differ
+    by_scale = {s: res["advantages"][idx] if s == scale_rewards else group_advantages(table, active, s)["advantages"][idx]
+                for s in SCALE_REWARDS}
     return {
         "question": group.get("question", ""),
         "answer": group.get("answer", ""),
@@ -153,5 +158,6 @@ def what_if(
         "weights": active,
         "group_size": n,
         "scale_rewards": scale_rewards,
+        "by_scale": by_scale,
         "computed": computed,
     }

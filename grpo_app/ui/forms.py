@@ -22,7 +22,9 @@ from typing import Any
 from grpo_app.core.config import (
     GSM8K_MODES,
     HUB_ID_RE,
+    LOSS_TYPES,
     MAX_SEED,
+    SCALE_REWARDS,
     SOURCES,
     SPECIAL_MODELS,
     Config,
@@ -382,6 +384,8 @@ class TrainForm:
     lora: Any = False
     seed: Any = 42
     run_name: Any = ""
+    loss_type: Any = "dapo"
+    scale_rewards: Any = "group"
     custom_path: str = ""  # a checked upload saved by the app (never a path typed by a user)
     notes: list = field(default_factory=list)
 
@@ -398,6 +402,8 @@ def form_values(cfg: Config) -> dict:
         "learning_rate": f"{cfg.grpo.learning_rate:g}",
         "ewc": cfg.ewc.enabled,
         "ewc_lam": cfg.ewc.lam,
+        "loss_type": cfg.grpo.loss_type,
+        "scale_rewards": cfg.grpo.scale_rewards,
         "lora": cfg.model.lora,
         "seed": cfg.run.seed,
         "run_name": cfg.run.name,
@@ -458,6 +464,15 @@ def build_config(
         )
     elif lr is not None:
         g["learning_rate"] = lr
+    for key, label, options in (("loss_type", "loss type", LOSS_TYPES), ("scale_rewards", "advantage scaling",
+                                                                        SCALE_REWARDS)):
+        value = getattr(form, key)
+        if value in (None, ""):
+            continue  # the preset's
+        if not isinstance(value, str) or value not in options:
+            errors.append((f"grpo.{key}", f"{label}: {_show(value)} is not one of {', '.join(options)}."))
+        else:
+            g[key] = value
 
     ewc_on = parse_bool(form.ewc, "ewc.enabled", "EWC", errors)
     if ewc_on is not None:
@@ -522,6 +537,7 @@ SLOTS = (
     "lora",
     "seed",
     "run_name",
+    "loss",
 )
 _ROUTES = (
     ("model.lora", "lora"),
@@ -535,6 +551,8 @@ _ROUTES = (
     ("grpo.micro_batch_size", "num_generations"),
     ("grpo.max_completion_length", "max_completion_length"),
     ("grpo.learning_rate", "learning_rate"),
+    ("grpo.loss_type", "loss"),
+    ("grpo.scale_rewards", "loss"),
     ("ewc.", "ewc"),
     ("run.seed", "seed"),
     ("run.name", "run_name"),
@@ -566,6 +584,8 @@ _LABELS = {
     "grpo.max_completion_length": "Completion length",
     "grpo.prompts_per_step": "Prompts per step",
     "grpo.learning_rate": "Learning rate",
+    "grpo.loss_type": "Loss type",
+    "grpo.scale_rewards": "Advantage scaling",
     "ewc.lam": "EWC λ",
     "ewc.enabled": "EWC",
     "model.lora": "LoRA",

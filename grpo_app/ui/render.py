@@ -240,7 +240,32 @@ def what_if_html(step: dict | None, group: int, result: dict | None, error: str 
         f"<tbody>{''.join(rows)}{foot}</tbody></table>"
     )
     hinted = forced_note(step, [recorded])
-    return f'<div class="wi">{head}{table}' + (f'<div class="gs-note">{hinted.strip()}</div>' if hinted else "") + "</div>"
+    return (f'<div class="wi">{head}{table}{scalings_html(result)}'
+            + (f'<div class="gs-note">{hinted.strip()}</div>' if hinted else "") + "</div>")
+
+
+SCALINGS = {  # TRL's scale_rewards, what it does, and where it comes from
+    "group": "÷ the group's std: GRPO as published (TRL's default)",
+    "batch": "÷ the std of the whole step: PPO Lite",
+    "none": "not divided: Dr. GRPO (no bias towards groups whose rewards barely differ)",
+}
+
+
+def scalings_html(result: dict) -> str:
+    """The what-if advantages under each of TRL's `scale_rewards` (the run's marked): what Dr. GRPO changes."""
+    by = result.get("by_scale") or {}
+    if not by:
+        return ""
+    n = len(result.get("completions") or [])
+    head = "".join(f"<th>{i + 1}</th>" for i in range(n))
+    rows = []
+    for s, what in SCALINGS.items():
+        adv = by.get(s) or []
+        mark = " <b>(this run)</b>" if s == result.get("scale_rewards") else ""
+        cells = "".join(f'<td class="num adv" style="{_adv_style(float(a))}">{float(a):+.2f}</td>' for a in adv)
+        rows.append(f'<tr><td class="comp">{_e(s)}: {_e(what)}{mark}</td>{cells}</tr>')
+    return ('<table class="gs-table wi-scalings"><thead><tr><th>Advantage of completion … with scale_rewards =</th>'
+            f"{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
 def answers_problem_html(history: list[dict], pos: int) -> str:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from grpo_app.core.config import GSM8K_MODES
+from grpo_app.core.config import GSM8K_MODES, LOSS_TYPES, SCALE_REWARDS
 from grpo_app.ui import render
 from grpo_app.ui.choices import PageChoices
 from grpo_app.ui.common import guard, slot
@@ -37,6 +37,14 @@ GSM8K_CHOICES = [
 ]
 assert [v for _, v in GSM8K_CHOICES] == list(GSM8K_MODES)
 
+LOSS_HELP = (
+    "How token losses are averaged: dapo (default) over every answer token of the step; grpo per answer, then "
+    "over answers (favours short right answers); dr_grpo by a constant (the length budget); bnpo per micro-batch."
+)
+SCALE_HELP = (
+    "group: advantages divided by the group's std (GRPO); batch: by the whole step's std (PPO Lite); none: not "
+    "divided (Dr. GRPO: no extra push for groups whose rewards barely differ). What if? shows all three."
+)
 STAGES_HELP = (
     "One row per curriculum stage, trained in order. **source**: `arithmetic` (generated sums; difficulty = "
     "number of operators, 1–5), `word` (generated one-step word problems: one addition or subtraction in a short "
@@ -164,6 +172,16 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
                 ewc_lam = gr.Number(v("ewc_lam", 1000.0), label="EWC λ (strength)", precision=None, elem_id="ewc-lambda")
                 err_ewc = gr.Markdown(visible=False, elem_classes="field-error")
             with gr.Column(min_width=200):
+                loss_type = gr.Dropdown(
+                    list(LOSS_TYPES), value=v("loss_type", "dapo"), label="Loss type (TRL's loss_type)",
+                    info=LOSS_HELP, elem_id="loss-type",
+                )
+                scale_rewards = gr.Dropdown(
+                    list(SCALE_REWARDS), value=v("scale_rewards", "group"), label="Advantage scaling (scale_rewards)",
+                    info=SCALE_HELP, elem_id="scale-rewards",
+                )
+                err_loss = gr.Markdown(visible=False, elem_classes="field-error")
+            with gr.Column(min_width=200):
                 lora = gr.Checkbox(
                     v("lora", False), label="LoRA: train small adapters instead of all weights", elem_id="lora"
                 )
@@ -212,7 +230,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
 
     # (named as the config names them: one name per setting from the YAML key to the trainer)
     form_inputs = [preset, model, gsm8k, upload, stages, num_generations, max_completion_length, prompts_per_step,
-                   learning_rate, ewc, ewc_lam, lora, seed, run_name]
+                   learning_rate, ewc, ewc_lam, lora, seed, run_name, loss_type, scale_rewards]
     slot_components = {
         "preset": err_preset,
         "model": err_model,
@@ -227,6 +245,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
         "lora": err_lora,
         "seed": err_seed,
         "run_name": err_name,
+        "loss": err_loss,
     }
     assert set(slot_components) == set(SLOTS)
     slot_outputs = [slot_components[s] for s in SLOTS]
@@ -288,9 +307,11 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
         lora,
         seed,
         run_name,
+        loss_type="",
+        scale_rewards="",
     ):
         form = page_form(preset, model, data_source, stages, num_generations, completion_length, prompts_per_step,
-                         learning_rate, ewc, ewc_lam, lora, seed, run_name)
+                         learning_rate, ewc, ewc_lam, lora, seed, run_name, loss_type, scale_rewards)
         res = studio.train.start(form, upload)
         return [res.message, *[slot(res.errors.get(s)) for s in SLOTS]]
 
@@ -300,11 +321,11 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
 
     @guard("preview the run")
     def on_preview(preset, model, data_source, upload, stages, num_generations, completion_length, prompts_per_step,
-                   learning_rate, ewc, ewc_lam, lora, seed, run_name):
+                   learning_rate, ewc, ewc_lam, lora, seed, run_name, loss_type="", scale_rewards=""):
         from grpo_app.ui.preview import preview
 
         form = page_form(preset, model, data_source, stages, num_generations, completion_length, prompts_per_step,
-                         learning_rate, ewc, ewc_lam, lora, seed, run_name)
+                         learning_rate, ewc, ewc_lam, lora, seed, run_name, loss_type, scale_rewards)
         try:
             text, command = preview(studio, form, upload)
         except FormError as e:
@@ -339,7 +360,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
         try:
             vals, desc = studio.train.preset_form(preset)
         except FormError as e:
-            return [gr.skip()] * 12 + [slot([m for _, m in e.errors])]
+            return [gr.skip()] * 14 + [slot([m for _, m in e.errors])]
         return [
             desc,
             vals["model"],
@@ -353,6 +374,8 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
             vals["ewc_lam"],
             vals["lora"],
             vals["seed"],
+            vals["loss_type"],
+            vals["scale_rewards"],
             slot(None),
         ]
 
@@ -360,7 +383,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
         on_preset,
         [preset],
         [preset_desc, model, gsm8k, stages, num_generations, max_completion_length, prompts_per_step, learning_rate,
-         ewc, ewc_lam, lora, seed, err_preset],
+         ewc, ewc_lam, lora, seed, loss_type, scale_rewards, err_preset],
         api_name="preset",
     )
 
@@ -557,7 +580,7 @@ def _what_if_api(studio: Studio):
 
 
 def page_form(preset, model, data_source, stages, num_generations, completion_length, prompts_per_step,
-              learning_rate, ewc, ewc_lam, lora, seed, run_name) -> TrainForm:
+              learning_rate, ewc, ewc_lam, lora, seed, run_name, loss_type="", scale_rewards="") -> TrainForm:
     """The Train form's controls, in the page's order, as the TrainForm that Start and Preview both check."""
     return TrainForm(
         preset=preset,
@@ -573,6 +596,8 @@ def page_form(preset, model, data_source, stages, num_generations, completion_le
         lora=lora,
         seed=seed,
         run_name=run_name,
+        loss_type=loss_type,
+        scale_rewards=scale_rewards,
     )
 
 
