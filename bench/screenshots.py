@@ -155,6 +155,7 @@ def main() -> int:
             "readme",
             values[12],
             values[13],
+            values[14],
         ]
         msg = client.predict(*start, api_name="/start")[0]
         print(msg, flush=True)

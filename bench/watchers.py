@@ -229,6 +229,7 @@ def start_training(url: str, model: str) -> str:
         "watchers",
         preset[12],  # loss type
         preset[13],  # advantage scaling
+        preset[14],  # rewards of your own
     ]
     msg = client.predict(*args, api_name="/start")[0]
     if "Started run" not in msg:

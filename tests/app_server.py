@@ -54,6 +54,7 @@ def start_args(**over) -> list:
         "run_name": "",
         "loss_type": "dapo",
         "scale_rewards": "group",
+        "custom_rewards": {"headers": ["name", "weight", "rule", "value", "must"], "data": [["", None, "", "", ""]]},
     }
     unknown = set(over) - set(args)
     assert not unknown, unknown

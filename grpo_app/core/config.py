@@ -354,18 +354,61 @@ class StageConfig:
 class RewardsConfig:
     weights: dict = _f(
         {"correctness": 1.0, "strict_format": 0.2, "soft_format": 0.1},
-        "Reward function name -> weight. Names: see `python -m grpo_app explain rewards`.",
+        "Reward function name -> weight. Names: see `python -m grpo_app explain rewards`, and your own "
+        "(rewards.custom, rewards.functions).",
+    )
+    custom: list = _f(
+        [],
+        "Rewards of your own that run no code, each {name, rule, ...} paying 1 when the rule holds: "
+        "answer_within (tolerance), regex (pattern, must: match|absent; time-limited), length (min_tokens, "
+        "max_tokens), word (word, must: present|absent). Give each a weight in rewards.weights. At most 8.",
+    )
+    functions: list = _f(
+        [],
+        "Python rewards by import path, 'package.module:function' with TRL's reward signature (as trl grpo "
+        "--reward_funcs); named by the function, weighted in rewards.weights. YAML and CLI only: the web app "
+        "refuses them unless started with GRPO_APP_ALLOW_CODE_REWARDS=1.",
     )
 
+    def names(self) -> set[str]:
+        """Every reward this config can weight: the built-in ones and its own."""
+        from grpo_app.core.custom_rewards import python_name
+        from grpo_app.core.rewards import REWARD_FUNCS
+
+        own = {s.get("name") for s in self.custom or [] if isinstance(s, dict)}
+        return set(REWARD_FUNCS) | own | {python_name(p) for p in self.functions or [] if isinstance(p, str)}
+
     def check(self, cfg: Config, check_paths: bool = True) -> list[tuple[str, str]]:
+        from grpo_app.core import custom_rewards as cr
         from grpo_app.core.rewards import REWARD_FUNCS  # (rewards imports answers; nothing there imports this module)
 
         e = []
+        if not isinstance(self.custom, list) or len(self.custom) > cr.MAX_CUSTOM:
+            e.append(("custom", f"a list of at most {cr.MAX_CUSTOM} rewards."))
+        else:
+            for i, spec in enumerate(self.custom):
+                e += cr.check_rule(spec, f"custom[{i}]")
+        if not isinstance(self.functions, list) or len(self.functions) > cr.MAX_CUSTOM:
+            e.append(("functions", f"a list of at most {cr.MAX_CUSTOM} 'package.module:function' paths."))
+        own = [s.get("name") for s in self.custom or [] if isinstance(s, dict)] if isinstance(self.custom, list) else []
+        own += [cr.python_name(p) for p in self.functions or [] if isinstance(p, str)] if isinstance(self.functions, list) else []
+        for name in own:
+            if name in REWARD_FUNCS or own.count(name) > 1:
+                e.append(("custom", f"the reward name {_show(name)} is taken (a built-in reward or another of yours); "
+                                    "rename it."))
+                break
+        if check_paths and isinstance(self.functions, list):  # import and try each now, before any model loads
+            for i, path in enumerate(self.functions):
+                try:
+                    cr.probe(cr.load_python_reward(path), str(path))
+                except cr.RewardError as err:
+                    e.append((f"functions[{i}]", str(err)))
+        known = self.names() if not e else set(REWARD_FUNCS) | set(own)
         if not self.weights:
             e.append(("weights", "no reward functions; add e.g. correctness: 1.0."))
         for name, weight in (self.weights or {}).items():
-            if name not in REWARD_FUNCS:
-                e.append(("weights", f"unknown reward {_show(name)}." + _suggest(str(name), REWARD_FUNCS)))
+            if name not in known:
+                e.append(("weights", f"unknown reward {_show(name)}." + _suggest(str(name), known)))
             elif isinstance(weight, bool) or not isinstance(weight, (int, float)):
                 e.append((f"weights.{name}", f"weight must be a number, got {_show(weight)}."))
         numbers = [v for v in (self.weights or {}).values() if isinstance(v, (int, float)) and not isinstance(v, bool)]

@@ -167,10 +167,13 @@ def reward_help() -> dict[str, str]:
     return {name: (fn.__doc__ or "").strip().splitlines()[0] for name, fn in REWARD_FUNCS.items()}
 
 
-def build_rewards(weights: dict[str, float]) -> tuple[list[Callable], list[float]]:
-    """Functions and weights in a stable order (the order of `weights`), zero weights dropped."""
+def build_rewards(weights: dict[str, float], funcs: dict[str, Callable] | None = None) -> tuple[list[Callable], list[float]]:
+    """Functions and weights in a stable order (the order of `weights`), zero weights dropped. `funcs`: the
+    registry to take them from (`custom_rewards.reward_functions(cfg.rewards)` for a config with rewards of
+    its own), default the built-in rewards."""
+    funcs = REWARD_FUNCS if funcs is None else funcs
     names = [n for n, w in weights.items() if float(w) != 0.0]
-    return [REWARD_FUNCS[n] for n in names], [float(weights[n]) for n in names]
+    return [funcs[n] for n in names], [float(weights[n]) for n in names]
 
 
 def reward_columns(n: int, answer: str, question: str | None = None, difficulty: int | None = None) -> dict:
@@ -185,7 +188,8 @@ def reward_columns(n: int, answer: str, question: str | None = None, difficulty:
 
 
 def score_text(
-    text: str, gold: str, weights: dict[str, float], question: str | None = None, difficulty: int | None = None
+    text: str, gold: str, weights: dict[str, float], question: str | None = None, difficulty: int | None = None,
+    funcs: dict[str, Callable] | None = None,
 ) -> dict[str, float]:
     """Every weighted reward of one completion plus 'total' (for the Try tab and the GRPO-step view).
     `question` and `difficulty` are the columns a training step passes too (None: not known)."""
@@ -193,7 +197,7 @@ def score_text(
     total = 0.0
     columns = reward_columns(1, gold, question, difficulty)
     for name, w in weights.items():
-        v = REWARD_FUNCS[name]([""], [text], **columns)[0]
+        v = (REWARD_FUNCS if funcs is None else funcs)[name]([""], [text], **columns)[0]
         scores[name] = v
         total += float(w) * v
     scores["total"] = total

@@ -80,7 +80,7 @@ def check_gold(gold: str | None) -> str | None:
 ANSWER_REWARDS = ("correctness", "lenient_correctness", "closeness")  # need the expected answer
 
 
-def finish(text: str, gold: str | None, weights: dict[str, float], question: str | None = None) -> dict:
+def finish(text: str, gold: str | None, weights: dict[str, float], question: str | None = None, funcs=None) -> dict:
     """Extracted answer, correctness (when a gold answer is known) and every reward's score.
 
     Without a gold answer the rewards that compare with it are left out (they would all read 0),
@@ -96,7 +96,7 @@ def finish(text: str, gold: str | None, weights: dict[str, float], question: str
         "how": scored["how"],
         "has_format": scored["has_format"],
         "correct": scored["correct"] if norm_gold is not None else None,
-        "rewards": score_text(text, norm_gold or "", weights, question=question) if weights else {},
+        "rewards": score_text(text, norm_gold or "", weights, question=question, funcs=funcs) if weights else {},
         "partial": partial,
         "gold": norm_gold,
     }

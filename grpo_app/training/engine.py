@@ -36,6 +36,7 @@ from transformers import TrainerCallback
 
 from grpo_app.core import distributed
 from grpo_app.core.config import Config
+from grpo_app.core.custom_rewards import reward_functions
 from grpo_app.core.data import stage_pool, to_rows, with_replay
 from grpo_app.core.fileio import atomic_write_json, staged_dir
 from grpo_app.core.models import apply_lora, count_parameters, freeze_embeddings, freeze_lower_layers, load_model
@@ -375,7 +376,7 @@ class _Job:
         # every reward some stage weights (a stage may give weight to one the run leaves at 0)
         used = {n: 1.0 for n, w in cfg.rewards.weights.items()
                 if float(w) != 0.0 or any(float(st.reward_weights.get(n, 0.0)) != 0.0 for st in cfg.stages)}
-        self.rewards, _ = build_rewards(used)
+        self.rewards, _ = build_rewards(used, reward_functions(cfg.rewards))
         self.reward_names = list(used)
 
     def ewc_offload(self) -> bool:

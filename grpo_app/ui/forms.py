@@ -31,6 +31,7 @@ from grpo_app.core.config import (
     ConfigError,
     EWCConfig,
     GRPOSettings,
+    RewardsConfig,
     StageConfig,
     _show,
     collect_errors,
@@ -38,6 +39,7 @@ from grpo_app.core.config import (
     field_bounds,
     read_yaml_file,
 )
+from grpo_app.core.custom_rewards import CODE_FLAG, code_rewards_allowed
 from grpo_app.core.models import model_roots_text
 from grpo_app.core.run_folder import RUN_ID_RE, resolve_run
 
@@ -255,6 +257,70 @@ def _rows(table) -> list[list] | None:
     return None
 
 
+REWARD_HEADERS = ["name", "weight", "rule", "value", "must"]
+RULE_VALUE = {"answer_within": "tolerance", "regex": "pattern", "word": "word", "length": "min-max tokens"}
+
+
+def parse_custom_rewards(table, errors: list) -> tuple[list[dict], dict[str, float]] | None:
+    """Declarative rewards from the page's "Rewards of your own" table: rows of [name, weight, rule, value,
+    must] (value: the tolerance, the pattern, the word, or 'min-max' tokens; must: match / absent / present,
+    blank = match or present). Returns (rules, weights), or None when the table is empty (the preset's own
+    stay). Problems go to `errors` under rewards.custom[k]. No code runs; the rules are checked like YAML."""
+    from grpo_app.core.custom_rewards import MAX_CUSTOM, check_rule
+
+    rows = _rows(table)
+    if rows is None:
+        errors.append(("rewards.custom", f"the rewards table must be rows of [{', '.join(REWARD_HEADERS)}]."))
+        return None
+    rows = [list(r) + [None] * (len(REWARD_HEADERS) - len(r)) for r in rows if not all(_blank(c) for c in r)]
+    if not rows:
+        return None
+    if len(rows) > MAX_CUSTOM:
+        errors.append(("rewards.custom", f"{len(rows)} rewards of your own is too many; use at most {MAX_CUSTOM}."))
+        return None
+    rules, weights = [], {}
+    for k, row in enumerate(rows):
+        p = f"rewards.custom[{k}]"
+        if len(row) > len(REWARD_HEADERS):
+            errors.append((p, f"reward {k + 1}: a row has at most {len(REWARD_HEADERS)} cells ({', '.join(REWARD_HEADERS)})."))
+            continue
+        name, weight, rule, value, must = row
+        name, rule = str(name or "").strip(), str(rule or "").strip()
+        w = parse_float(weight, f"{p}.weight", f"reward {k + 1} weight", errors, -10.0, 10.0)
+        spec: dict = {"name": name, "rule": rule}
+        text = "" if _blank(value) else str(value).strip()
+        if rule == "answer_within":
+            tol = parse_float(text or 0, f"{p}.tolerance", f"reward {k + 1} tolerance", errors, 0.0, 1e9)
+            spec["tolerance"] = 0.0 if tol is None else tol
+        elif rule == "regex":
+            spec["pattern"] = text
+            spec["must"] = str(must or "match").strip()
+        elif rule == "word":
+            spec["word"] = text
+            spec["must"] = str(must or "present").strip()
+        elif rule == "length":
+            lo, _, hi = text.partition("-")
+            spec["min_tokens"] = parse_float(lo or 0, f"{p}.min_tokens", f"reward {k + 1} min tokens", errors, 0, 1e6)
+            spec["max_tokens"] = parse_float(hi or 1e6, f"{p}.max_tokens", f"reward {k + 1} max tokens", errors, 0, 1e6)
+        problems = check_rule(spec, p)
+        errors += [(path, f"reward {k + 1} ({_show(name)}): {msg}") for path, msg in problems]
+        if not problems and w is not None:
+            rules.append(spec)
+            weights[name] = w
+    return rules, weights
+
+
+def reward_rows(custom: list[dict], weights: dict) -> list[list]:
+    """The table's rows for a config's declarative rewards (the inverse of parse_custom_rewards)."""
+    rows = []
+    for spec in custom or []:
+        rule = spec.get("rule")
+        value = {"answer_within": spec.get("tolerance", 0), "regex": spec.get("pattern", ""), "word": spec.get("word", ""),
+                 "length": f"{spec.get('min_tokens', 0):g}-{spec.get('max_tokens', 1e6):g}"}.get(rule, "")
+        rows.append([spec.get("name", ""), weights.get(spec.get("name"), 0.0), rule, value, spec.get("must", "")])
+    return rows
+
+
 def parse_stages(table, base: list[dict], errors: list) -> list[dict]:
     """Stage dicts from the table; each row keeps the preset stage's hidden options (problems, digits...)
     when its source is unchanged. Problems are appended to `errors` as (stages[k].field, message)."""
@@ -386,6 +452,7 @@ class TrainForm:
     run_name: Any = ""
     loss_type: Any = "dapo"
     scale_rewards: Any = "group"
+    custom_rewards: Any = None  # the "Rewards of your own" table (None / empty: the preset's)
     custom_path: str = ""  # a checked upload saved by the app (never a path typed by a user)
     notes: list = field(default_factory=list)
 
@@ -403,6 +470,7 @@ def form_values(cfg: Config) -> dict:
         "ewc": cfg.ewc.enabled,
         "ewc_lam": cfg.ewc.lam,
         "loss_type": cfg.grpo.loss_type,
+        "custom_rewards": reward_rows(cfg.rewards.custom, cfg.rewards.weights),
         "scale_rewards": cfg.grpo.scale_rewards,
         "lora": cfg.model.lora,
         "seed": cfg.run.seed,
@@ -474,6 +542,17 @@ def build_config(
         else:
             g[key] = value
 
+    own = parse_custom_rewards(form.custom_rewards, errors)
+    if own is not None:
+        rules, weights = own
+        old_names = {s.get("name") for s in data.get("rewards", {}).get("custom") or [] if isinstance(s, dict)}
+        data.setdefault("rewards", {})
+        data["rewards"]["custom"] = rules
+        base = data["rewards"].get("weights")
+        base = dict(RewardsConfig().weights) if base is None else base  # (a preset without rewards: the defaults)
+        kept = {k: v for k, v in base.items() if k not in old_names}
+        data["rewards"]["weights"] = {**kept, **weights}
+
     ewc_on = parse_bool(form.ewc, "ewc.enabled", "EWC", errors)
     if ewc_on is not None:
         data["ewc"]["enabled"] = ewc_on
@@ -496,6 +575,12 @@ def build_config(
         cfg = config_from_dict(data)
     except ConfigError as e:
         raise FormError(errors + e.errors) from None
+    if cfg.rewards.functions and not code_rewards_allowed():  # refused before any of it is imported
+        names = ", ".join(str(p)[:60] for p in cfg.rewards.functions[:4])
+        raise FormError(errors + [("rewards.functions", (
+            f"this preset runs Python reward functions ({names}); a shared server does not run its users' code. "
+            f"Start the server with {CODE_FLAG}=1 to allow it (only for code you trust), or train it from the "
+            "command line."))])
     note = cfg.grpo.fit_micro_batch()  # the preset's chunking may have been sized for another G
     if note:
         form.notes.append(note)
@@ -538,6 +623,7 @@ SLOTS = (
     "seed",
     "run_name",
     "loss",
+    "rewards",
 )
 _ROUTES = (
     ("model.lora", "lora"),
@@ -552,6 +638,7 @@ _ROUTES = (
     ("grpo.max_completion_length", "max_completion_length"),
     ("grpo.learning_rate", "learning_rate"),
     ("grpo.loss_type", "loss"),
+    ("rewards.", "rewards"),
     ("grpo.scale_rewards", "loss"),
     ("ewc.", "ewc"),
     ("run.seed", "seed"),

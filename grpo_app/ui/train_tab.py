@@ -24,7 +24,7 @@ from grpo_app.core.config import GSM8K_MODES, LOSS_TYPES, SCALE_REWARDS
 from grpo_app.ui import render
 from grpo_app.ui.choices import PageChoices
 from grpo_app.ui.common import guard, slot
-from grpo_app.ui.forms import SLOTS, STAGE_HEADERS, FormError, TrainForm
+from grpo_app.ui.forms import REWARD_HEADERS, SLOTS, STAGE_HEADERS, FormError, TrainForm
 from grpo_app.ui.live import DRAW_JS, MEMORY_JS, POLL_JS, LiveView, group_index, page_of
 from grpo_app.ui.pacing import PollPacer, budget_from_env, max_period_from_env
 from grpo_app.ui.studio import TRAIN_CHARTS, Studio
@@ -40,6 +40,12 @@ assert [v for _, v in GSM8K_CHOICES] == list(GSM8K_MODES)
 LOSS_HELP = (
     "How token losses are averaged: dapo (default) over every answer token of the step; grpo per answer, then "
     "over answers (favours short right answers); dr_grpo by a constant (the length budget); bnpo per micro-batch."
+)
+REWARDS_HELP = (
+    "Each row pays 1 when its rule holds, times its weight. **rule**: `answer_within` (value: the tolerance, e.g. "
+    "0.5), `regex` (value: a pattern of up to 200 characters; must: match or absent; time-limited), `word` (value: "
+    "a word; must: present or absent), `length` (value: min-max tokens, e.g. 10-60). Names: lower-case letters, "
+    "digits and _. No code runs; Python rewards (`rewards.functions`) are for the command line."
 )
 SCALE_HELP = (
     "group: advantages divided by the group's std (GRPO); batch: by the whole step's std (PPO Lite); none: not "
@@ -187,6 +193,21 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
                 )
                 err_lora = gr.Markdown(visible=False, elem_classes="field-error")
 
+    with gr.Accordion("Rewards of your own (no code): a name, a weight and one rule", open=False,
+                      elem_id="custom-rewards-box"):
+        custom_rewards = gr.Dataframe(
+            value=v("custom_rewards", []),
+            headers=REWARD_HEADERS,
+            datatype=["str", "number", "str", "str", "str"],
+            column_count=len(REWARD_HEADERS),
+            type="array",
+            interactive=True,
+            label="Rewards of your own (added to the preset's)",
+            elem_id="custom-rewards",
+        )
+        gr.Markdown(REWARDS_HELP, elem_classes="help")
+        err_rewards = gr.Markdown(visible=False, elem_classes="field-error", elem_id="custom-rewards-error")
+
     with gr.Accordion("Preview: this run's config.yaml and the same run from a terminal", open=False, elem_id="preview-box"):
         preview_btn = gr.Button("Show what Start would run", elem_id="preview-btn", size="sm")
         preview_msg = gr.Markdown(elem_id="preview-message")
@@ -230,7 +251,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
 
     # (named as the config names them: one name per setting from the YAML key to the trainer)
     form_inputs = [preset, model, gsm8k, upload, stages, num_generations, max_completion_length, prompts_per_step,
-                   learning_rate, ewc, ewc_lam, lora, seed, run_name, loss_type, scale_rewards]
+                   learning_rate, ewc, ewc_lam, lora, seed, run_name, loss_type, scale_rewards, custom_rewards]
     slot_components = {
         "preset": err_preset,
         "model": err_model,
@@ -246,6 +267,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
         "seed": err_seed,
         "run_name": err_name,
         "loss": err_loss,
+        "rewards": err_rewards,
     }
     assert set(slot_components) == set(SLOTS)
     slot_outputs = [slot_components[s] for s in SLOTS]
@@ -309,9 +331,10 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
         run_name,
         loss_type="",
         scale_rewards="",
+        custom_rewards=None,
     ):
         form = page_form(preset, model, data_source, stages, num_generations, completion_length, prompts_per_step,
-                         learning_rate, ewc, ewc_lam, lora, seed, run_name, loss_type, scale_rewards)
+                         learning_rate, ewc, ewc_lam, lora, seed, run_name, loss_type, scale_rewards, custom_rewards)
         res = studio.train.start(form, upload)
         return [res.message, *[slot(res.errors.get(s)) for s in SLOTS]]
 
@@ -321,11 +344,12 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
 
     @guard("preview the run")
     def on_preview(preset, model, data_source, upload, stages, num_generations, completion_length, prompts_per_step,
-                   learning_rate, ewc, ewc_lam, lora, seed, run_name, loss_type="", scale_rewards=""):
+                   learning_rate, ewc, ewc_lam, lora, seed, run_name, loss_type="", scale_rewards="",
+                   custom_rewards=None):
         from grpo_app.ui.preview import preview
 
         form = page_form(preset, model, data_source, stages, num_generations, completion_length, prompts_per_step,
-                         learning_rate, ewc, ewc_lam, lora, seed, run_name, loss_type, scale_rewards)
+                         learning_rate, ewc, ewc_lam, lora, seed, run_name, loss_type, scale_rewards, custom_rewards)
         try:
             text, command = preview(studio, form, upload)
         except FormError as e:
@@ -360,7 +384,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
         try:
             vals, desc = studio.train.preset_form(preset)
         except FormError as e:
-            return [gr.skip()] * 14 + [slot([m for _, m in e.errors])]
+            return [gr.skip()] * 15 + [slot([m for _, m in e.errors])]
         return [
             desc,
             vals["model"],
@@ -376,6 +400,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
             vals["seed"],
             vals["loss_type"],
             vals["scale_rewards"],
+            vals["custom_rewards"],
             slot(None),
         ]
 
@@ -383,7 +408,7 @@ def create_train_tab(studio: Studio, timer_s: float = 1.5) -> TrainTab:
         on_preset,
         [preset],
         [preset_desc, model, gsm8k, stages, num_generations, max_completion_length, prompts_per_step, learning_rate,
-         ewc, ewc_lam, lora, seed, loss_type, scale_rewards, err_preset],
+         ewc, ewc_lam, lora, seed, loss_type, scale_rewards, custom_rewards, err_preset],
         api_name="preset",
     )
 
@@ -482,6 +507,8 @@ def _create_what_if(studio: Studio, group: gr.Dropdown, picked: PageChoices, pag
     def recompute(step, view, g, n, weights) -> str:
         if step is None:
             return render.what_if_html(None, 0, None)
+        # a run's rewards of its own have no slider: they keep the run's weight (recorded with the step)
+        weights = {**{k: float(w) for k, w in (step.get("weights") or {}).items() if k not in names}, **weights}
         groups = step["groups"]
         g = min(group_index(g), len(groups) - 1)
         n = min(int(n or 2), len(groups[g].get("completions") or []))
@@ -580,7 +607,8 @@ def _what_if_api(studio: Studio):
 
 
 def page_form(preset, model, data_source, stages, num_generations, completion_length, prompts_per_step,
-              learning_rate, ewc, ewc_lam, lora, seed, run_name, loss_type="", scale_rewards="") -> TrainForm:
+              learning_rate, ewc, ewc_lam, lora, seed, run_name, loss_type="", scale_rewards="",
+              custom_rewards=None) -> TrainForm:
     """The Train form's controls, in the page's order, as the TrainForm that Start and Preview both check."""
     return TrainForm(
         preset=preset,
@@ -598,6 +626,7 @@ def page_form(preset, model, data_source, stages, num_generations, completion_le
         run_name=run_name,
         loss_type=loss_type,
         scale_rewards=scale_rewards,
+        custom_rewards=custom_rewards,
     )
 
 

@@ -116,7 +116,8 @@ def create_try_tab(studio: Studio) -> TryTab:
                 render.answer_html(titles["trained"], labels["trained"], snap["trained"]),
             )
         gold_text = None if expected_answer is None else str(expected_answer)
-        finals = {role: finish(snap[role]["text"], gold_text, setup["weights"], question=question.strip()) for role in roles}
+        finals = {role: finish(snap[role]["text"], gold_text, setup["weights"], question=question.strip(),
+                             funcs=setup.get("funcs")) for role in roles}
         yield (
             "",
             render.answer_html(titles["base"], labels["base"], snap["base"], finals["base"]),

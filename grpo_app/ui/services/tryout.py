@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from grpo_app.core.config import DataConfig
+from grpo_app.core.custom_rewards import code_rewards_allowed, reward_functions
 from grpo_app.core.data import DataError, load_gsm8k, make_arithmetic
 from grpo_app.core.models import model_label
 from grpo_app.evaluation.ask import check_gold, check_question
@@ -27,10 +28,13 @@ class TryService(Service):
             run = self.studio.run_with_model(run_id)
             cfg = run.config()
             roles = {"base": cfg.model.name, "trained": str(run.final_dir)}
+            # the run's own declarative rewards score here too; its Python ones only where the server allows code
+            funcs = reward_functions(cfg.rewards, python=code_rewards_allowed())
             return {
                 "roles": roles,
                 "labels": {role: model_label(name) for role, name in roles.items()},
-                "weights": dict(cfg.rewards.weights),
+                "weights": {k: w for k, w in cfg.rewards.weights.items() if k in funcs},
+                "funcs": funcs,
                 "system_prompt": cfg.data.system_prompt,
                 "titles": {"base": f"Base: {model_label(cfg.model.name)}", "trained": f"Trained: {run.id}"},
             }
