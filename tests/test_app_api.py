@@ -111,7 +111,7 @@ def test_completed_run_compare_try_runs_download_delete(client, app_server):  # 
         run_name="done",
     )
 
-    table, pick = client.predict(None, api_name="/runs")
+    table, pick, _side_runs = client.predict(None, api_name="/runs")
     row = next(r for r in table["data"] if r[0] == run_id)
     assert row[1] == "completed" and row[2] == "tiny-short" and row[4] == "s1 → s2" and row[5] == "4/4"
 
