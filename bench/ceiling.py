@@ -59,7 +59,7 @@ def by_difficulty(records: list[dict]) -> dict[str, list[dict]]:
 
 
 def summarize(records: list[dict], k: int, seed: int) -> dict:
-    from grpo_app.evaluation.scoring import pass_k_curve
+    from grpo_app.evaluation.stats import pass_k_curve
 
     groups = sorted({g for g in (2, 4, 8, 16, 32, 64) if g <= k} | {k})
     n = len(records)
@@ -157,7 +157,7 @@ def main() -> None:
 
 def pair(other: dict, other_path: str, recs: list[dict], k: int, seed: int) -> dict:
     """This model's samples beside another result's, on the problems both answered (matched by id)."""
-    from grpo_app.evaluation.scoring import paired, pass_k_curve
+    from grpo_app.evaluation.stats import paired, pass_k_curve
 
     theirs = {r["id"]: r for r in other["records"]}
     common = [r for r in recs if r["id"] in theirs]

@@ -49,12 +49,11 @@ def main() -> None:
     from grpo_app.evaluation.scoring import (
         eval_problems,
         evaluate,
-        paired,
         sample_pass_k,
         stage_eval_settings,
         training_questions,
-        wilson_interval,
     )
+    from grpo_app.evaluation.stats import paired, wilson_interval
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True)

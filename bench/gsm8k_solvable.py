@@ -259,7 +259,8 @@ def main() -> None:
     from grpo_app.core.config import DataConfig
     from grpo_app.core.data import gsm8k_dir, load_gsm8k
     from grpo_app.core.run_folder import runs_root
-    from grpo_app.evaluation.scoring import EvalSettings, evaluate, load_for_eval, paired, pass_k_curve, sample_pass_k
+    from grpo_app.evaluation.scoring import EvalSettings, evaluate, load_for_eval, sample_pass_k
+    from grpo_app.evaluation.stats import paired, pass_k_curve
 
     def settings(**kw) -> EvalSettings:
         s = EvalSettings(n=1, seed=a.seed, max_new_tokens=a.max_new_tokens, **kw).validate()

@@ -176,9 +176,9 @@ def main() -> None:
         EvalSettings,
         gsm8k_test_leak,
         overlap_with_training,
-        paired,
         training_questions,
     )
+    from grpo_app.evaluation.stats import paired
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="classroom")

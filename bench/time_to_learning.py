@@ -130,9 +130,9 @@ def main() -> None:
         evaluate,
         load_for_eval,
         overlap_with_training,
-        paired,
         training_questions,
     )
+    from grpo_app.evaluation.stats import paired
     from grpo_app.runs.manager import RunManager
 
     cfg = load_config(a.config, a.set)

@@ -2,17 +2,8 @@ import pytest
 
 from grpo_app.core.config import DataConfig
 from grpo_app.core.data import Problem
-from grpo_app.evaluation.scoring import (
-    EvalSettings,
-    compare_csv,
-    eval_problems,
-    evaluate,
-    mcnemar_exact,
-    paired,
-    score_output,
-    summarize,
-    wilson_interval,
-)
+from grpo_app.evaluation.scoring import EvalSettings, compare_csv, eval_problems, evaluate, score_output, summarize
+from grpo_app.evaluation.stats import mcnemar_exact, paired, wilson_interval
 
 
 def test_wilson_interval_known_values():

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from grpo_app.evaluation.scoring import wilson_interval
+from grpo_app.evaluation.stats import wilson_interval
 
 from .conftest import ROOT
 

@@ -18,7 +18,8 @@ import torch
 from grpo_app.core.config import load_config
 from grpo_app.core.fileio import atomic_write_json
 from grpo_app.core.run_folder import RunDir
-from grpo_app.evaluation.scoring import paired, summarize, wilson_interval
+from grpo_app.evaluation.scoring import summarize
+from grpo_app.evaluation.stats import paired, wilson_interval
 from grpo_app.export import model_files as me
 
 from .conftest import make_tiny

@@ -10,7 +10,8 @@ import torch
 
 from grpo_app.core.data import Problem
 from grpo_app.evaluation import scoring as evaluation
-from grpo_app.evaluation.scoring import EvalSettings, pass_at_k, pass_k_curve, pass_k_rows, sample_pass_k
+from grpo_app.evaluation.scoring import EvalSettings, pass_k_rows, sample_pass_k
+from grpo_app.evaluation.stats import pass_at_k, pass_k_curve
 from grpo_app.ui.charts import passk_figure
 
 from .conftest import make_tiny

@@ -11,7 +11,8 @@ import pytest
 from grpo_app.core.config import load_config
 from grpo_app.core.fileio import atomic_write_json
 from grpo_app.core.run_folder import RunDir
-from grpo_app.evaluation.scoring import mcnemar_exact, paired, summarize, wilson_interval
+from grpo_app.evaluation.scoring import summarize
+from grpo_app.evaluation.stats import mcnemar_exact, paired, wilson_interval
 from grpo_app.runs.side_by_side import (
     SideBySideError,
     check_runs,

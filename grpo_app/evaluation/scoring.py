@@ -1,4 +1,5 @@
-"""Evaluation: batched greedy decoding, accuracy with 95% Wilson intervals, paired McNemar tests.
+"""Evaluation: batched greedy decoding, accuracy with 95% Wilson intervals, paired McNemar tests (the
+statistics themselves are in `evaluation/stats.py`).
 
 Scoring uses the same extractor as the rewards (`answers.extract_answer`):
 - accuracy (headline): the '####' answer, or else the last number in the output (flexible
@@ -25,7 +26,6 @@ import csv
 import hashlib
 import io
 import json
-import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -37,35 +37,10 @@ from grpo_app.core.data import Problem, heldout_pool, load_gsm8k
 from grpo_app.core.models import load_model, model_label, models_root, quantize_int8, resolve_model
 from grpo_app.core.prompts import prompt_ids
 from grpo_app.core.rewards import is_correct
+from grpo_app.evaluation.stats import paired, pass_k_curve, wilson_interval
 from grpo_app.training.sampler import SamplingParams, generate_completions, use_fast_attention
 
-Z95 = 1.959963984540054
 MAX_PASS_K = 64
-BOOTSTRAP_RESAMPLES = 2000
-
-
-def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """95% Wilson score interval for k successes out of n (well-behaved near 0 and 1)."""
-    if n <= 0:
-        return (0.0, 1.0)
-    p = k / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    # The bounds are exactly 0 at k = 0 and exactly 1 at k = n (centre - half only rounds to ~1e-17 there).
-    lo = 0.0 if k == 0 else max(0.0, centre - half)
-    hi = 1.0 if k == n else min(1.0, centre + half)
-    return (lo, hi)
-
-
-def mcnemar_exact(b: int, c: int) -> float:
-    """Two-sided exact McNemar p-value: b, c = discordant pairs (only A right, only B right)."""
-    n = b + c
-    if n == 0:
-        return 1.0
-    k = min(b, c)
-    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
-    return min(1.0, 2 * tail)
 
 
 @dataclass
@@ -221,35 +196,6 @@ def summarize(records: list[dict], seconds: float = 0.0, gen_tokens: int = 0) ->
 # ------------------------------------------------------------------------------------------------
 # pass@k
 # ------------------------------------------------------------------------------------------------
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples of which c are right (Chen et al. 2021): 1 - C(n-c, k) / C(n, k),
-    the chance that k of the n samples drawn without replacement contain a right one."""
-    if not (0 <= c <= n and 1 <= k <= n):
-        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n (got n={n}, c={c}, k={k}).")
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-def pass_k_curve(correct: list[int], n: int, seed: int = 0, resamples: int = BOOTSTRAP_RESAMPLES) -> dict:
-    """pass@1..n averaged over problems (`correct[i]` = right samples of problem i, out of n), with a 95%
-    percentile bootstrap interval over problems. A resample only changes how often each count c occurs, so
-    it is drawn as multinomial counts of c (the same distribution as resampling problems, far cheaper)."""
-    import numpy as np
-
-    m = len(correct)
-    ks = list(range(1, n + 1))
-    if m == 0:
-        return {"k": ks, "pass": [0.0] * n, "ci": [[0.0, 1.0] for _ in ks], "n_problems": 0, "n_samples": n}
-    table = np.array([[pass_at_k(n, c, k) for k in ks] for c in range(n + 1)])  # [c, k]
-    freq = np.bincount(np.asarray(correct, dtype=int), minlength=n + 1).astype(float)
-    point = freq @ table / m
-    draws = np.random.default_rng(seed).multinomial(m, freq / m, size=resamples) @ table / m  # [B, k]
-    lo, hi = np.percentile(draws, [2.5, 97.5], axis=0)
-    ci = [[float(min(a, p)), float(max(b, p))] for a, b, p in zip(lo, hi, point)]
-    return {"k": ks, "pass": [float(x) for x in point], "ci": ci, "n_problems": m, "n_samples": n}
-
-
 def sample_pass_k(
     model,
     tokenizer,
@@ -305,25 +251,6 @@ def pass_k_rows(result: dict) -> list[list]:
         return []
     bc, tc = b["curve"], t["curve"]
     return [[k, bc["pass"][i], bc["ci"][i], tc["pass"][i], tc["ci"][i]] for i, k in enumerate(bc["k"])]
-
-
-def paired(base: list[dict], trained: list[dict], key: str = "correct") -> dict:
-    """McNemar on the same problems: b = only base right, c = only trained right."""
-    tb = {r["id"]: r[key] for r in trained}
-    pairs = [(r[key], tb[r["id"]]) for r in base if r["id"] in tb]
-    b = sum(1 for x, y in pairs if x and not y)
-    c = sum(1 for x, y in pairs if y and not x)
-    n = len(pairs)
-    diff = (sum(y for _, y in pairs) - sum(x for x, _ in pairs)) / n if n else 0.0
-    return {
-        "n": n,
-        "only_base": b,
-        "only_trained": c,
-        "both": sum(1 for x, y in pairs if x and y),
-        "neither": sum(1 for x, y in pairs if not x and not y),
-        "difference": diff,
-        "p_value": mcnemar_exact(b, c),
-    }
 
 
 # ------------------------------------------------------------------------------------------------

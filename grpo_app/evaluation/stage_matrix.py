@@ -21,15 +21,8 @@ from collections.abc import Callable
 
 from grpo_app.core.fileio import atomic_write_json, read_json
 from grpo_app.core.run_folder import RunDir
-from grpo_app.evaluation.scoring import (
-    CompareSpec,
-    evaluate,
-    load_for_eval,
-    paired,
-    problems_digest,
-    score_model,
-    wilson_interval,
-)
+from grpo_app.evaluation.scoring import CompareSpec, evaluate, load_for_eval, problems_digest, score_model
+from grpo_app.evaluation.stats import paired, wilson_interval
 
 
 class MatrixError(ValueError):

@@ -18,7 +18,8 @@ from collections.abc import Callable
 
 from grpo_app.core.fileio import read_json
 from grpo_app.core.run_folder import RunDir
-from grpo_app.evaluation.scoring import CompareSpec, paired, run_compare, wilson_interval
+from grpo_app.evaluation.scoring import CompareSpec, run_compare
+from grpo_app.evaluation.stats import paired, wilson_interval
 
 MAX_RUNS = 8
 OVERLAY_METRICS = {  # chart name -> (metrics key, title, y axis)
