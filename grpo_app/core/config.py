@@ -37,6 +37,7 @@ DEFAULT_SYSTEM_PROMPT = (
 
 SOURCES = ("gsm8k", "arithmetic", "word", "gsm_symbolic", "custom")
 MAX_SEED = 2**31 - 1  # seeds feed torch, random and numpy generators; the web form uses the same bound
+MAX_STAGES = 10  # stages of one curriculum (the config's check and the web form)
 FORCED_LOSS = ("train", "mask")
 LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")
 SCALE_REWARDS = ("group", "batch", "none")
@@ -253,10 +254,10 @@ class StageConfig:
     min_difficulty: int = _f(
         1,
         "Lowest difficulty: calculation steps (GSM8K: '<<..>>' annotations; arithmetic: operators; "
-        "gsm_symbolic: lines with '=' in the worked solution).",
+        "gsm_symbolic: lines with '=' in the worked solution).", lo=0, hi=99,
     )
-    max_difficulty: int = _f(2, "Highest difficulty, inclusive.")
-    steps: int = _f(10, "Optimizer steps in this stage.")
+    max_difficulty: int = _f(2, "Highest difficulty, inclusive (99 = no upper limit).", lo=0, hi=99)
+    steps: int = _f(10, "Optimizer steps in this stage.", lo=1, hi=5000)
     num_problems: int = _f(256, "Size of the problem pool drawn for this stage.")
     max_digits: int = _f(2, "arithmetic and word: largest number of digits per operand.")
     operators: str = _f("+-", "arithmetic: operators to use, from '+-*/'; word: '+', '-' or '+-'.")
@@ -295,10 +296,10 @@ class StageConfig:
             e.append(("source", f"{_show(self.source)} is not one of {', '.join(SOURCES)}."))
         if self.source == "custom" and not cfg.data.custom_path:
             e.append(("source", "is 'custom' but data.custom_path is empty; upload or name a JSONL/CSV file."))
-        if self.steps < 1:
-            e.append(("steps", f"must be at least 1, got {self.steps}."))
-        if self.min_difficulty < 0:
-            e.append(("min_difficulty", "must be 0 or more."))
+        for name in ("steps", "min_difficulty", "max_difficulty"):  # (the bounds the form reads too)
+            lo, hi = field_bounds(StageConfig, name)
+            if not lo <= getattr(self, name) <= hi:
+                e.append((name, f"must be at least {lo} and at most {hi}, got {getattr(self, name)}."))
         if self.max_difficulty < self.min_difficulty:
             e.append(
                 ("max_difficulty", f"({self.max_difficulty}) is below min_difficulty ({self.min_difficulty}); swap them.")
@@ -1091,6 +1092,8 @@ def collect_errors(cfg: Config, check_paths: bool = True) -> list[tuple[str, str
         e += [(f"{name}.{f}", msg) for f, msg in getattr(cfg, name).check(cfg, check_paths)]
     if not cfg.stages:
         e.append(("stages", "no stages; add at least one, e.g. {source: arithmetic, steps: 10}."))
+    elif len(cfg.stages) > MAX_STAGES:
+        e.append(("stages", f"{len(cfg.stages)} stages is too many; use at most {MAX_STAGES}."))
     for i, stage in enumerate(cfg.stages):
         e += [(f"stages[{i}].{f}", msg) for f, msg in stage.check(cfg, check_paths)]
     return e

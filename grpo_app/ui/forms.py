@@ -24,6 +24,7 @@ from grpo_app.core.config import (
     HUB_ID_RE,
     LOSS_TYPES,
     MAX_SEED,
+    MAX_STAGES,
     SCALE_REWARDS,
     SOURCES,
     SPECIAL_MODELS,
@@ -45,9 +46,8 @@ from grpo_app.core.run_folder import RUN_ID_RE, resolve_run
 
 STAGE_HEADERS = ["name", "source", "min difficulty", "max difficulty", "steps", "learning rate", "EWC λ", "replay"]
 STAGE_REQUIRED = 5  # the last three cells may be left blank: the run's learning rate and λ, no replay
-MAX_STAGES = 10
-MAX_STEPS_PER_STAGE = 5000
-MAX_DIFFICULTY = 20
+MAX_STEPS_PER_STAGE = field_bounds(StageConfig, "steps")[1]
+MAX_DIFFICULTY = field_bounds(StageConfig, "max_difficulty")[1]
 # (the bounds are the config fields': one limit for the YAML, the CLI and this form)
 MAX_COMPLETION_TOKENS = field_bounds(GRPOSettings, "max_completion_length")[1]
 MAX_PROMPTS_PER_STEP = field_bounds(GRPOSettings, "prompts_per_step")[1]
@@ -258,7 +258,6 @@ def _rows(table) -> list[list] | None:
 
 
 REWARD_HEADERS = ["name", "weight", "rule", "value", "must"]
-RULE_VALUE = {"answer_within": "tolerance", "regex": "pattern", "word": "word", "length": "min-max tokens"}
 
 
 def parse_custom_rewards(table, errors: list) -> tuple[list[dict], dict[str, float]] | None:
