@@ -28,9 +28,9 @@ def traces(page, elem_id: str) -> int:
 
 def test_three_runs_side_by_side_with_a_leaderboard_and_the_missing_one_scored(page, server, shots, tokenizer):  # noqa: F811
     a, b, c = make_runs(server.runs_dir, tokenizer, name="browser")
-    name = "gsm8k-n2-seed0-d0-99"
-    save_result(a, name, [1, 0], [0, 0])
-    save_result(b, name, [1, 1], [0, 0])
+    saved = "gsm8k-n20-seed0-d0-99"  # two results written by the test (on its own problems)
+    save_result(a, saved, [1] * 9 + [0] * 11, [0] * 20)
+    save_result(b, saved, [1] * 15 + [0] * 5, [0] * 20)
     page.get_by_role("tab", name="Runs").click()
     page.click("#runs-refresh")
     wait_for(lambda: c.id in page.inner_text("#runs-table"), 60, what="the runs in the list")
@@ -50,8 +50,19 @@ def test_three_runs_side_by_side_with_a_leaderboard_and_the_missing_one_scored(p
     page.fill("#side-n input", "2")
     page.press("#side-n input", "Tab")
     page.click("#side-score")
-    wait_for(lambda: c.id in page.inner_text("#side-board"), 300, what="the third run scored and ranked")
+    seen = []
+
+    def ranked():
+        seen[:] = [page.inner_text("#side-progress"), page.inner_text("#side-note")]
+        return c.id in page.inner_text("#side-board")
+
+    try:
+        wait_for(ranked, 900, what="the third run scored and ranked")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; the page showed {seen}") from None
     assert "finished" in page.inner_text("#side-progress")
-    assert (c.eval_dir / f"{name}.json").is_file()
+    # scored for real on 2 problems: all three runs (none had a result on these), ranked together
+    assert all((r.eval_dir / "gsm8k-n2-seed0-d0-99.json").is_file() for r in (a, b, c))
+    assert all(r.id in page.inner_text("#side-board") for r in (a, b))
     assert str(server.runs_dir) not in page.inner_text("#side-box")  # never a server path on the page
     page.locator("#side-box").screenshot(path=str(shots / "screenshot_side_by_side_tiny.png"))
