@@ -5,20 +5,11 @@ two scored runs, then the missing third scored from the page. Screenshot: screen
 import pytest
 
 from tests.app_server import wait_for
-from tests.test_browser import TIMEOUT_MS, browser, server, shots  # noqa: F401 - fixtures
+from tests.test_browser import browser, server, shots  # noqa: F401 - fixtures
+from tests.test_browser_export import page  # noqa: F401 - fixture
 from tests.test_side_by_side import make_runs, save_result
 
 pytestmark = pytest.mark.browser
-
-
-@pytest.fixture
-def page(browser, server):  # noqa: F811
-    pg = browser.new_page(viewport={"width": 1400, "height": 1200})
-    pg.set_default_timeout(TIMEOUT_MS)
-    pg.goto(server.url)
-    pg.wait_for_selector("#start-btn")
-    yield pg
-    pg.close()
 
 
 def traces(page, elem_id: str) -> int:

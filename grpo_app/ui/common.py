@@ -20,6 +20,26 @@ def plot(json_text: str | None):
     return None if json_text is None else PlotData(type="plotly", plot=json_text)
 
 
+def follow_job(studio, job, watcher, every: float = 0.5):
+    """Watch a job of the evaluation queue: yields (job, progress HTML) each time the page's progress line
+    changes, and last the finished job with its final line (the caller reads job.status / job.result)."""
+    import time
+
+    from grpo_app.ui import render
+
+    last = None
+    while True:
+        job = studio.evals.get(job.id, watcher=watcher) or job
+        html = render.job_progress_html(job.snapshot(), studio.evals.position(job), studio.manager.active)
+        if job.finished:
+            yield job, render.job_progress_html(job.snapshot())
+            return
+        if html != last:
+            yield job, html
+            last = html
+        time.sleep(every)
+
+
 def slot(messages: list[str] | None):
     """Update for a per-control error slot: visible with the messages, hidden when there are none."""
     if not messages:

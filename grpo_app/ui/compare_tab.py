@@ -8,7 +8,6 @@ is instant; a run's comparisons are also saved in its folder and listed on the R
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import gradio as gr
@@ -18,7 +17,7 @@ from grpo_app.export.downloads import write_text_export
 from grpo_app.runs.job_queue import DONE, QueueFullError
 from grpo_app.ui import render
 from grpo_app.ui.charts import matrix_figure, passk_figure
-from grpo_app.ui.common import guard, plot
+from grpo_app.ui.common import follow_job, guard, plot
 from grpo_app.ui.forms import FormError
 from grpo_app.ui.studio import Studio, difficulty_json
 
@@ -188,19 +187,12 @@ def create_compare_tab(studio: Studio) -> CompareTab:
         except QueueFullError as e:
             yield None, _errors_html([("queue", f"The evaluation queue is full: {e}")]), skip, skip, skip, skip, skip
             return
-        last = None
-        while True:
-            job = studio.evals.get(job.id, watcher=watcher) or job
-            snap = job.snapshot()
-            html = render.job_progress_html(snap, studio.evals.position(job), studio.manager.active)
-            if job.finished:
-                break
-            if html != last:
-                yield job.id, html, skip, skip, skip, skip, skip
-                last = html
-            time.sleep(0.5)
+        for now, html in follow_job(studio, job, watcher):
+            if not now.finished:
+                yield now.id, html, skip, skip, skip, skip, skip
+        job = now
         if job.status != DONE:
-            yield None, render.job_progress_html(job.snapshot()), skip, skip, skip, skip, skip
+            yield None, html, skip, skip, skip, skip, skip
             return
         res = job.result
         csv_path = write_text_export(f"compare-{res.get('key', 'result')}.csv", compare_csv(res))
@@ -286,18 +278,12 @@ def _create_matrix_section(studio: Studio, run, seed):
         except QueueFullError as e:
             yield _errors_html([("queue", f"The evaluation queue is full: {e}")]), skip, skip
             return
-        last = None
-        while True:
-            job = studio.evals.get(job.id, watcher=watcher) or job
-            html = render.job_progress_html(job.snapshot(), studio.evals.position(job), studio.manager.active)
-            if job.finished:
-                break
-            if html != last:
+        for now, html in follow_job(studio, job, watcher):
+            if not now.finished:
                 yield html, skip, skip
-                last = html
-            time.sleep(0.5)
+        job = now
         if job.status != DONE:
-            yield render.job_progress_html(job.snapshot()), skip, skip
+            yield html, skip, skip
             return
         found = job.result["runs"]
         titles = [(f"{rid} ({'EWC λ ' + format(m['ewc']['lam'], 'g') if m['ewc']['enabled'] else 'no EWC'})", m)

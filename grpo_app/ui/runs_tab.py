@@ -7,7 +7,6 @@ asks for the run id typed out, so nothing is deleted by a stray click)."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import gradio as gr
@@ -17,7 +16,7 @@ from grpo_app.runs.job_queue import DONE, QueueFullError
 from grpo_app.runs.monitor import resumable
 from grpo_app.runs.side_by_side import MAX_RUNS, OVERLAY_METRICS
 from grpo_app.ui import render
-from grpo_app.ui.common import guard, plot
+from grpo_app.ui.common import follow_job, guard, plot
 from grpo_app.ui.forms import FormError
 from grpo_app.ui.studio import TRAIN_CHARTS, Studio
 
@@ -421,18 +420,12 @@ def _create_side_by_side(studio: Studio):
         except QueueFullError as e:
             yield [_errors([("queue", f"The evaluation queue is full: {e}")]), *skip]
             return
-        last = None
-        while True:
-            job = studio.evals.get(job.id, watcher=watcher) or job
-            html = render.job_progress_html(job.snapshot(), studio.evals.position(job), studio.manager.active)
-            if job.finished:
-                break
-            if html != last:
+        for now, html in follow_job(studio, job, watcher):
+            if not now.finished:
                 yield [html, *skip]
-                last = html
-            time.sleep(0.5)
+        job = now
         if job.status != DONE:
-            yield [render.job_progress_html(job.snapshot()), *skip]
+            yield [html, *skip]
             return
         res = studio.runs.side_by_side(run_ids, job.result["set"])
         yield [render.job_progress_html(job.snapshot()), render.board_rows(res["board"]),
