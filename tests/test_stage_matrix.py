@@ -12,7 +12,11 @@ from .conftest import wait_until
 
 
 def _train(root, ewc: bool):
-    cfg = load_config("tests/configs/tiny.yaml", [f"ewc.enabled={str(ewc).lower()}", "run.eval_n=0", "run.keep_checkpoints=10"])
+    # A rule that random text passes about half the time: has_number alone pays 0 to every completion of the
+    # tiny random model on this seed, and the stages would move no weight at all.
+    cfg = load_config("tests/configs/tiny.yaml", [
+        f"ewc.enabled={str(ewc).lower()}", "run.eval_n=0", "run.keep_checkpoints=10",
+        """rewards.custom=[{name: space_first, rule: regex, pattern: '^ '}]""", "rewards.weights.space_first=1.0"])
     manager = RunManager(root)
     run = manager.start(cfg)
     assert wait_until(lambda: not manager.active, 300, every=0.2)
@@ -184,3 +188,24 @@ def test_a_task_with_no_held_out_problems_left_is_refused_not_scored_as_zero(run
     monkeypatch.setattr(CompareSpec, "problems", lambda self, exclude=None: ([], "held-out nothing"))
     with pytest.raises(sm.MatrixError, match="no held-out problems left"):
         sm.stage_matrix(runs["plain"], n=5, seed=7, max_new_tokens=8)
+
+
+def test_the_ewc_movement_bench_measures_how_far_each_stage_moved(runs):
+    """bench/ewc_movement.py: its penalty sum is the one computed from the stage-end checkpoints (an independent
+    copy), its bands cover every weight the Fisher covers once, and no weight moved further than Adam can."""
+    from bench.ewc_movement import _first_fisher, movement
+
+    fisher = _first_fisher(runs["ewc"])
+    with pytest.raises(SystemExit, match="fisher-from"):
+        _first_fisher(runs["plain"])
+    for which in ("ewc", "plain"):
+        run = runs[which]
+        res = movement(run, fisher)
+        assert res["ewc"] is (which == "ewc") and [s["stage"] for s in res["stages"]] == [2]
+        s = res["stages"][0]
+        assert sum(b["weights"] for b in s["bands"].values()) == sum(f.numel() for f in fisher.values())
+        before, after = _stage_end_checkpoint(run, 0), _stage_end_checkpoint(run, 1)
+        expected = 0.5 * sum(float((f * (after[n].float() - before[n].float()) ** 2).sum()) for n, f in fisher.items())
+        assert expected > 0 and s["half_sum_F_d2"] == pytest.approx(expected, rel=1e-4)
+        assert sum(b["penalty_share"] for b in s["bands"].values()) == pytest.approx(1.0, abs=1e-3)
+        assert all(0 < b["rms_in_lr"] <= 1.5 * s["steps"] for b in s["bands"].values())
