@@ -10,6 +10,23 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Overrides that give tests/configs/tiny.yaml's groups a signal: its random model rarely writes a digit, so
+# `has_number` can pay 0 to every completion and no weight would move. Random text starts with a space about
+# half the time. For runs in a subprocess, where the `varied_reward` fixture does not reach.
+VARIED_RULE = ["rewards.custom=[{name: space_first, rule: regex, pattern: '^ '}]", "rewards.weights.space_first=1.0"]
+
+
+def varied_rule_args() -> list[str]:
+    """VARIED_RULE as a bench's `--set` arguments."""
+    return [a for s in VARIED_RULE for a in ("--set", s)]
+
+
+def trained(runs_root: Path) -> bool:
+    """Whether any run under runs_root took a step with a non-zero gradient (its weights moved)."""
+    import json
+
+    return any(json.loads(line).get("grad_norm") for m in runs_root.glob("*/metrics.jsonl") for line in m.open())
 SHARED_GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

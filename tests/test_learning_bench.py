@@ -7,17 +7,18 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from grpo_app.evaluation.stats import wilson_interval
 
-from .conftest import ROOT
+from .conftest import ROOT, trained, varied_rule_args
 
 
 def test_learning_bench_runs_the_ablation_on_a_tiny_model(tmp_path):
     out = tmp_path / "learning.json"
     cmd = [sys.executable, str(ROOT / "bench" / "learning.py"), "--config", "tests/configs/tiny.yaml", "--ablation",
            "--n", "12", "--gsm8k-n", "6", "--out", str(out), "--tag", "t1", "--eval-batch", "5", "--matrix", "4",
-           "--set", f"run.output_dir={tmp_path / 'runs'}", "--set", "run.save_every=0"]
+           "--set", f"run.output_dir={tmp_path / 'runs'}", "--set", "run.save_every=0", *varied_rule_args()]
     env = dict(os.environ, CHROMIUM="/nonexistent")  # the PNG is optional; the JSON and HTML are the record
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -46,6 +47,12 @@ def test_learning_bench_runs_the_ablation_on_a_tiny_model(tmp_path):
     ewc_cfg = (tmp_path / "runs" / os.path.basename(runs["ewc"]) / "config.yaml").read_text()
     noewc_cfg = (tmp_path / "runs" / os.path.basename(runs["noewc"]) / "config.yaml").read_text()
     assert "enabled: true" in ewc_cfg and "enabled: false" in noewc_cfg  # same config but for EWC
+    assert trained(tmp_path / "runs")
+    from safetensors.torch import load_file
+
+    finals = [load_file(str(tmp_path / "runs" / os.path.basename(runs[m]) / "final" / "model.safetensors"))
+              for m in ("ewc", "noewc")]
+    assert any(not torch.equal(t, finals[1][n]) for n, t in finals[0].items())  # the penalty changed stage 2
     assert out.with_suffix(".html").is_file()
     assert "| held-out set (n) |" in r.stderr and "after stage 1" in r.stderr
 

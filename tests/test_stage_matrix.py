@@ -8,15 +8,12 @@ from grpo_app.core.config import load_config
 from grpo_app.evaluation.stage_matrix import MatrixError, stage_matrix, summary_sentence
 from grpo_app.runs.manager import RunManager
 
-from .conftest import wait_until
+from .conftest import VARIED_RULE, wait_until
 
 
 def _train(root, ewc: bool):
-    # A rule that random text passes about half the time: has_number alone pays 0 to every completion of the
-    # tiny random model on this seed, and the stages would move no weight at all.
     cfg = load_config("tests/configs/tiny.yaml", [
-        f"ewc.enabled={str(ewc).lower()}", "run.eval_n=0", "run.keep_checkpoints=10",
-        """rewards.custom=[{name: space_first, rule: regex, pattern: '^ '}]""", "rewards.weights.space_first=1.0"])
+        f"ewc.enabled={str(ewc).lower()}", "run.eval_n=0", "run.keep_checkpoints=10", *VARIED_RULE])
     manager = RunManager(root)
     run = manager.start(cfg)
     assert wait_until(lambda: not manager.active, 300, every=0.2)

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from .conftest import ROOT
+from .conftest import ROOT, trained, varied_rule_args
 
 BENCH = [sys.executable, str(ROOT / "bench" / "time_to_learning.py")]
 
@@ -15,9 +15,10 @@ def _bench(tmp_path, *args: str) -> dict:
     """Runs the bench on the tiny preset (runs under tmp_path, no checkpoints) and returns its JSON."""
     out = tmp_path / "ttl.json"
     cmd = [*BENCH, "--config", "tests/configs/tiny.yaml", *args, "--out", str(out),
-           "--set", f"run.output_dir={tmp_path / 'runs'}", "--set", "run.save_every=0"]
+           "--set", f"run.output_dir={tmp_path / 'runs'}", "--set", "run.save_every=0", *varied_rule_args()]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=dict(os.environ))
     assert r.returncode == 0, r.stderr[-3000:]
+    assert trained(tmp_path / "runs")  # the snapshots are of a model that moved, not copies of the base
     return json.loads(out.read_text())
 
 
