@@ -32,7 +32,7 @@ from safetensors import safe_open  # noqa: E402
 from grpo_app.core.run_folder import RunDir  # noqa: E402
 from grpo_app.runs.manager import RunManager  # noqa: E402
 
-BANDS = (("top 1%", 0.99, 1.01), ("1-10%", 0.90, 0.99), ("10-50%", 0.50, 0.90), ("bottom 50%", -0.01, 0.50))
+BANDS = (("top 1%", 0.99, None), ("1-10%", 0.90, 0.99), ("10-50%", 0.50, 0.90), ("bottom 50%", None, 0.50))
 
 
 def _stage_weights(run: RunDir, k: int, names: set[str]) -> dict[str, torch.Tensor]:
@@ -81,8 +81,8 @@ def movement(run: RunDir, fisher: dict[str, torch.Tensor]) -> dict:
             d = (cur[n] - prev[n]).flatten()
             f = fisher[n].flatten()
             for label, lo, hi in BANDS:
-                lo_v = edges.get(lo, -float("inf"))
-                hi_v = edges.get(hi, float("inf"))
+                lo_v = -float("inf") if lo is None else edges[lo]
+                hi_v = float("inf") if hi is None else edges[hi]
                 m = (f > lo_v) & (f <= hi_v)
                 if not m.any():
                     continue
