@@ -206,3 +206,37 @@ def test_the_ewc_movement_bench_measures_how_far_each_stage_moved(runs):
         assert expected > 0 and s["half_sum_F_d2"] == pytest.approx(expected, rel=1e-4)
         assert sum(b["penalty_share"] for b in s["bands"].values()) == pytest.approx(1.0, abs=1e-3)
         assert all(0 < b["rms_in_lr"] <= 1.5 * s["steps"] for b in s["bands"].values())
+
+
+def test_a_branch_starts_where_the_source_stood_after_stage_k_and_trains_the_rest(runs, tmp_path, monkeypatch):
+    """bench/stage_branch.py: the branch's stage-1 weights and EWC state are the source's, its stage 2 trains
+    from them under the source's penalty (the loaded Fisher is active), and a config that differs from the
+    source in a stage before the branch point is refused, naming the setting."""
+    from bench.stage_branch import branch
+    from grpo_app.core.run_folder import RunDir
+    from grpo_app.evaluation.stage_matrix import load_stage_model
+
+    src = runs["ewc"]
+    scfg = src.config()
+    monkeypatch.setenv("GRPO_APP_RUNS_DIR", str(tmp_path / "branches"))
+    changed = load_config("tests/configs/tiny.yaml", [
+        "ewc.enabled=true", "run.eval_n=0", "run.keep_checkpoints=10", "stages[0].steps=3", *VARIED_RULE])
+    with pytest.raises(SystemExit, match=r"stages\[0\]\.steps: 2 in the source, 3 here"):
+        branch(src.path, 1, changed)
+    cfg = load_config("tests/configs/tiny.yaml", [
+        "ewc.enabled=true", "run.eval_n=0", "run.keep_checkpoints=10", "stages[1].learning_rate=0.003", *VARIED_RULE])
+    path = branch(src.path, 1, cfg)
+    run = RunDir(path)
+    assert (run.ewc_dir / "stage-0" / "ewc.safetensors").read_bytes() == (
+        src.ewc_dir / "stage-0" / "ewc.safetensors").read_bytes()
+    assert [m["step"] for m in run.metrics()] == [m["step"] for m in src.metrics() if m["step"] <= 2]
+    manager = RunManager(path.parent)
+    manager.resume(run.id)
+    assert wait_until(lambda: not manager.active, 300, every=0.2)
+    assert run.read_status()["status"] == "completed", run.read_status()
+    (s1_src, _), (s1_br, _) = load_stage_model(src, 0, scfg.model.name), load_stage_model(run, 0, scfg.model.name)
+    assert all(torch.equal(a, b) for a, b in zip(s1_src.state_dict().values(), s1_br.state_dict().values()))
+    stage2 = [m for m in run.metrics() if m["step"] > 2]
+    assert [m["step"] for m in stage2] == [3, 4] and any(m.get("ewc_penalty") for m in stage2)
+    final, _ = load_stage_model(run, 1, scfg.model.name)
+    assert any(not torch.equal(a, b) for a, b in zip(s1_br.state_dict().values(), final.state_dict().values()))

@@ -1,0 +1,135 @@
+"""Branch a run after its stage K: a new run that starts where the old one stood when stage K ended (its
+weights, and with EWC its Fisher and anchors) and trains the later stages of another config (issue 42).
+
+    python bench/stage_branch.py --from models/runs/<RUN> --after 2 --config configs/progressive.yaml \\
+        [--set "stages[2].operators=+"] [--name NAME]
+
+Why: a third stage can be screened in the time of one stage instead of the whole preset. The new run folder
+gets the source's records of stages 1..K (metrics, what they trained on, their stage-end weights and EWC
+state) and a checkpoint at the end of stage K holding the stage-K weights; `python -m grpo_app resume` then
+runs stages K+1.. exactly as a resumed run does (`engine.train`: a checkpoint at a stage's end loads its
+weights and EWC state and goes on with the next stage). The branch's config must equal the source's in the
+first K stages and in model, data, rewards, GRPO and EWC settings (checked; a difference is refused), except
+`run.name`. What differs from training straight through: the random state at the start of stage K+1 is the
+run seed's again (a resumed run does not restore the sampler's random state across a stage end), so a branch
+is another draw of stage K+1, not a replay of the source's. `branch.json` in the new folder says where it
+came from. Prints the new run's folder as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def differences(src, cfg, k: int) -> list[str]:
+    """Settings in which `cfg` may not differ from the source run's config `src` for a branch after k stages."""
+    out = []
+    if len(cfg.stages) <= k:
+        out.append(f"the config has {len(cfg.stages)} stages: nothing left to train after stage {k}")
+    for j in range(min(k, len(src.stages), len(cfg.stages))):
+        a, b = asdict(src.stages[j]), asdict(cfg.stages[j])
+        out += [f"stages[{j}].{key}: {a[key]!r} in the source, {b.get(key)!r} here" for key in a if a[key] != b.get(key)]
+    for section in ("model", "data", "rewards", "grpo", "ewc"):
+        a, b = asdict(getattr(src, section)), asdict(getattr(cfg, section))
+        out += [f"{section}.{key}: {a[key]!r} in the source, {b.get(key)!r} here" for key in a if a[key] != b.get(key)]
+    if src.run.seed != cfg.run.seed:
+        out.append(f"run.seed: {src.run.seed} in the source, {cfg.run.seed} here")
+    return out
+
+
+def _jsonl_upto(path: Path, step: int) -> str:
+    """The lines of a JSONL file whose 'step' is at most `step` (lines without one are kept)."""
+    if not path.is_file():
+        return ""
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict) or not isinstance(rec.get("step"), int) or rec["step"] <= step:
+            keep.append(line + "\n")
+    return "".join(keep)
+
+
+def branch(src_dir: Path, k: int, cfg) -> Path:
+    """Create the branch's run folder (see the module docstring) and return it."""
+    from safetensors.torch import save_file
+
+    from grpo_app.core.fileio import atomic_write_json, atomic_write_text
+    from grpo_app.core.run_folder import RunDir, runs_root
+    from grpo_app.evaluation.stage_matrix import load_stage_model
+
+    src = RunDir(src_dir)
+    scfg = src.config()
+    problems = differences(scfg, cfg, k)
+    if problems:
+        raise SystemExit("cannot branch: " + "; ".join(problems))
+    if src.stage_end_weights(k - 1) is None:
+        raise SystemExit(f"{src.id} kept no weights for the end of stage {k}")
+    offset = sum(s.steps for s in cfg.stages[:k])
+    run = RunDir.create(runs_root(cfg.run.output_dir), cfg)
+    for name in ("metrics.jsonl", "steps.jsonl", "trained_problems.jsonl", "memory.jsonl"):
+        text = _jsonl_upto(src.path / name, offset)
+        if text:
+            atomic_write_text(run.path / name, text)
+    for j in range(k):
+        if (src.ewc_dir / f"stage-{j}").is_dir():
+            shutil.copytree(src.ewc_dir / f"stage-{j}", run.ewc_dir / f"stage-{j}")
+        own = src.stage_ends_dir / f"stage-{j}.safetensors"
+        if own.is_file():
+            run.stage_ends_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(own, run.stage_ends_dir / own.name)
+    model, tok = load_stage_model(src, k - 1, scfg.model.name)
+    ck = run.checkpoints_dir / f"stage-{k - 1}" / f"checkpoint-{cfg.stages[k - 1].steps}"
+    ck.mkdir(parents=True)
+    state = {n: t.contiguous() for n, t in model.state_dict().items() if n != "lm_head.weight"}
+    save_file(state, str(ck / "model.safetensors"))
+    atomic_write_json(ck / "trainer_state.json", {"global_step": cfg.stages[k - 1].steps, "branched_from": src.id})
+    atomic_write_json(
+        ck / "engine_state.json",
+        {"stage_index": k - 1, "stage_step": cfg.stages[k - 1].steps, "global_step": offset,
+         "ewc_stages": k if cfg.ewc.enabled else 0, "time": time.time()},
+    )
+    (ck / "COMPLETE").write_text(str(time.time()))
+    atomic_write_json(run.path / "branch.json", {"from": src.id, "after_stage": k, "step": offset})
+    return run.path
+
+
+def main() -> None:
+    from grpo_app.core.config import load_config
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--from", dest="src", required=True, help="the source run's folder")
+    ap.add_argument("--after", type=int, required=True, help="branch after this stage (1 = first)")
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--name", default="", help="run.name of the branch")
+    ap.add_argument("--no-train", action="store_true", help="only create the folder")
+    a = ap.parse_args()
+    sets = list(a.set) + ([f"run.name={a.name}"] if a.name else [])
+    cfg = load_config(a.config, sets)
+    if a.after < 1:
+        raise SystemExit("--after: 1 or more")
+    path = branch(Path(a.src), a.after, cfg)
+    rc = 0
+    if not a.no_train:
+        env = {**os.environ, "GRPO_APP_RUNS_DIR": str(path.parent)}
+        rc = subprocess.run([sys.executable, "-m", "grpo_app", "resume", path.name], cwd=ROOT, env=env).returncode
+    print(json.dumps({"run": str(path), "resume_rc": rc}))
+    sys.exit(rc)
+
+
+if __name__ == "__main__":
+    main()
