@@ -359,9 +359,61 @@ def test_word_problems_are_one_step_stories_with_the_right_answer():
     assert len(held.problems) == 50 and not {p.question for p in held.problems} & {p.question for p in pool.problems}
 
 
-@pytest.mark.parametrize(("override", "words"), [("max_digits=5", "1..4"), ("operators='*'", "'+', '-' or '+-'")])
-def test_word_stage_options_are_checked(override, words):
+def test_two_step_word_problems_chain_two_operations_and_never_go_below_one():
+    """Difficulty 2 of the word source: two events in one story; the worked solution's two lines use the numbers
+    of the question in order, the answer is their result, and a one-step-only draw is unchanged by the option."""
+    from grpo_app.core.data import make_word_problems, stage_pool
+
+    probs = make_word_problems(300, seed=5, max_digits=1, operators="+-", min_steps=2, max_steps=2)
+    kinds = set()
+    for p in probs:
+        a, o1, b, mid, mid2, o2, c, end, gold = re.fullmatch(
+            r"(\d+) ([+-]) (\d+) = (\d+)\n(\d+) ([+-]) (\d+) = (\d+)\n#### (\d+)", p.solution).groups()
+        nums = re.findall(r"\d+", p.question)
+        assert nums == [a, b, c] and mid == mid2 and end == gold == p.answer and p.difficulty == 2
+        assert int(mid) == (int(a) + int(b) if o1 == "+" else int(a) - int(b)) >= 1
+        assert int(end) == (int(mid) + int(c) if o2 == "+" else int(mid) - int(c)) >= 1
+        assert max(int(a), int(b), int(c)) <= 9
+        kinds.add(o1 + o2)
+    assert kinds == {"++", "+-", "-+", "--"}
+    only_plus = make_word_problems(50, seed=5, max_digits=1, operators="+", min_steps=2, max_steps=2)
+    assert {p.solution.split()[1] + p.solution.split()[6] for p in only_plus} == {"++"}
+    mixed = make_word_problems(400, seed=5, max_digits=1, min_steps=1, max_steps=2)
+    assert {p.difficulty for p in mixed} == {1, 2}
+    one = StageConfig(name="w", source="word", min_difficulty=1, max_difficulty=1, max_digits=1, num_problems=40)
+    two = StageConfig(name="w", source="word", min_difficulty=2, max_difficulty=2, max_digits=1, num_problems=40)
+    assert stage_pool(one, DataConfig(), seed=0).problems == make_word_problems(40, 0, 1, "+-")
+    pool = stage_pool(two, DataConfig(), seed=0)
+    assert {p.difficulty for p in pool.problems} == {2} and pool.origin.startswith("two-step word problems")
+
+
+def test_equal_groups_word_problems_multiply_and_divide_whole():
+    from grpo_app.core.data import make_word_problems
+
+    probs = make_word_problems(200, seed=2, max_digits=1, operators="*/")
+    ops = set()
+    for p in probs:
+        a, op, b, gold = re.fullmatch(r"(\d+) ([*/]) (\d+) = (\d+)\n#### \d+", p.solution).groups()
+        assert re.findall(r"\d+", p.question) == [a, b] and p.answer == gold and p.difficulty == 1
+        if op == "*":
+            assert int(gold) == int(a) * int(b)
+        else:
+            assert int(gold) * int(b) == int(a)
+        assert 2 <= int(b) <= 9 and (op == "/" or 2 <= int(a) <= 9) and int(gold) >= 2
+        ops.add(op)
+    assert ops == {"*", "/"}
+
+
+@pytest.mark.parametrize(("overrides", "words"), [
+    (["max_digits=5"], "1..4"),
+    (["operators='%'"], "+ - * /"),
+    (["operators='*'", "max_difficulty=2"], "two-step word problems add and subtract"),
+    (["max_difficulty=3"], "1 or 2 steps"),
+])
+def test_word_stage_options_are_checked(overrides, words):
     from grpo_app.core.config import ConfigError
 
     with pytest.raises(ConfigError, match=re.escape(words)):
-        load_config("quick", ["stages[0].source=word", f"stages[0].{override}"])
+        load_config("quick", ["stages[0].source=word", *(f"stages[0].{o}" for o in overrides)])
+    if overrides[0] == "operators='*'":  # equal groups in one step are fine
+        load_config("quick", ["stages[0].source=word", "stages[0].operators='*/'", "stages[0].max_difficulty=1"])

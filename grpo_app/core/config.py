@@ -254,13 +254,16 @@ class StageConfig:
     min_difficulty: int = _f(
         1,
         "Lowest difficulty: calculation steps (GSM8K: '<<..>>' annotations; arithmetic: operators; "
-        "gsm_symbolic: lines with '=' in the worked solution).", lo=0, hi=99,
+        "gsm_symbolic: lines with '=' in the worked solution; word: steps, 1 or 2).", lo=0, hi=99,
     )
     max_difficulty: int = _f(2, "Highest difficulty, inclusive (99 = no upper limit).", lo=0, hi=99)
     steps: int = _f(10, "Optimizer steps in this stage.", lo=1, hi=5000)
     num_problems: int = _f(256, "Size of the problem pool drawn for this stage.")
     max_digits: int = _f(2, "arithmetic and word: largest number of digits per operand.")
-    operators: str = _f("+-", "arithmetic: operators to use, from '+-*/'; word: '+', '-' or '+-'.")
+    operators: str = _f(
+        "+-", "arithmetic and word: operators to use, from '+-*/' (word: '*' and '/' are equal-groups stories, "
+        "one step; two-step stories add and subtract)."
+    )
     negation: bool = _f(
         False, "arithmetic only: also negated operands and parentheses, e.g. '-17 + (3 - -5)' (much harder)."
     )
@@ -314,9 +317,14 @@ class StageConfig:
         if self.source == "word":
             if not 1 <= self.max_digits <= 4:
                 e.append(("max_digits", "word problems: must be 1..4."))
-            if not self.operators or any(c not in "+-" for c in self.operators):
-                e.append(("operators", f"{_show(self.operators)}: word problems are one addition or subtraction; "
-                                       "use '+', '-' or '+-'."))
+            if not self.operators or any(c not in "+-*/" for c in self.operators):
+                e.append(("operators", f"{_show(self.operators)}: word problems use only the characters + - * / "
+                                       "(e.g. '+-', or '*/' for equal groups)."))
+            elif self.max_difficulty >= 2 and not any(c in "+-" for c in self.operators):
+                e.append(("operators", f"{_show(self.operators)}: two-step word problems add and subtract; "
+                                       "include '+' or '-', or set max_difficulty: 1."))
+            if self.min_difficulty < 1 or self.max_difficulty > 2:
+                e.append(("min_difficulty", "word problems take 1 or 2 steps: difficulty must lie in 1..2."))
         if self.problem_ids:
             if self.source != "gsm8k":
                 e.append(("problem_ids", f"lists GSM8K problems but the source is {_show(self.source)}; "

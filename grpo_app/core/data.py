@@ -1,7 +1,7 @@
 """Problems and where they come from (answers are read by answers.py, prompts built by prompts.py).
 
 Difficulty is the number of calculation steps of a problem's worked solution (GSM8K: its
-'<<a*b=c>>' calculator annotations; arithmetic: its operators; gsm_symbolic: lines with '='; word: 1).
+'<<a*b=c>>' calculator annotations; arithmetic: its operators; gsm_symbolic: lines with '='; word: its steps, 1 or 2).
 
 Sources: GSM8K from a local folder (config or GRPO_APP_GSM8K_DIR), from the hub when it is
 reachable, and otherwise tasks generated offline by the `reasoning-gym` package.
@@ -243,11 +243,11 @@ def make_gsm_symbolic(n: int, seed: int) -> list[Problem]:
     return out
 
 
-# ---- One-step word problems (generated here, offline) ---------------------------------------------
+# ---- Word problems (generated here, offline) ------------------------------------------------------
 # A story around one addition or one subtraction, e.g. "Mia has 34 stickers. She gets 27 more. How many
 # stickers does Mia have now?": the step from arithmetic to GSM8K that the model can take at 135M (GSM8K's
 # easiest problems need two or more steps, and gsm_symbolic's stories are GSM8K test questions). The answer is
-# never negative (a subtraction takes the smaller number from the larger). Difficulty 1 (one step).
+# never negative (a subtraction takes the smaller number from the larger). Difficulty 1 (one step); two steps below.
 _WORD_NAMES = ("Mia", "Leo", "Ava", "Sam", "Zoe", "Ben", "Ivy", "Max", "Lily", "Omar", "Nora", "Theo",
                "Ella", "Ravi", "Lucy", "Jack", "Emma", "Finn", "Rosa", "Kai")
 _WORD_ITEMS = ("apples", "stickers", "marbles", "books", "pencils", "cookies", "shells", "cards", "stamps",
@@ -268,18 +268,94 @@ _WORD_SUB = (
     "{n} needs {a} {x} and already has {b}. How many more {x} does {n} need?",
     "{n} had {a} {x} and lost {b} of them. How many {x} does {n} have now?",
 )
+# Equal groups (operators '*' and '/'): one multiplication, or a division that comes out whole; factors of 2 to
+# `max_digits` digits (quotients too), so one digit gives the times tables as stories.
+_WORD_MUL = (
+    "{n} has {a} bags with {b} {x} in each bag. How many {x} does {n} have?",
+    "There are {a} boxes and each box holds {b} {x}. How many {x} are there in all?",
+    "{n} buys {a} packs of {x}. Each pack has {b} {x}. How many {x} does {n} buy?",
+    "{n} puts {x} in {a} rows with {b} {x} in each row. How many {x} are there?",
+)
+_WORD_DIV = (  # {a} = {b} * the answer
+    "{n} shares {a} {x} equally among {b} friends. How many {x} does each friend get?",
+    "{n} packs {a} {x} into {b} boxes with the same number in each box. How many {x} are in each box?",
+    "{n} puts {a} {x} into bags of {b}. How many bags does {n} fill?",
+    "{a} {x} are shared equally by {b} children. How many {x} does each child get?",
+)
 _PRONOUN = {name: ("She" if name in {"Mia", "Ava", "Zoe", "Ivy", "Lily", "Nora", "Ella", "Lucy", "Emma", "Rosa"}
                    else "He") for name in _WORD_NAMES}
 
 
-def make_word_problems(n: int, seed: int, max_digits: int = 2, operators: str = "+-") -> list[Problem]:
-    """`n` one-step word problems (`operators`: '+', '-' or both), numbers of 1 to `max_digits` digits."""
-    ops = [o for o in "+-" if o in operators] or ["+", "-"]
+# Two steps (difficulty 2): the same stories with a second event, e.g. "Mia has 7 stickers. She gets 5 more,
+# then gives 3 away. How many stickers does Mia have now?" (GSM8K's problems take two or more steps). Keyed by
+# the two operations; every result, between and at the end, is at least 1.
+_WORD_TWO = {
+    "++": (
+        "{n} has {a} {x}. {p} gets {b} more on Monday and {c} more on Tuesday. How many {x} does {n} have now?",
+        "There are {a} {x} in a box, {b} {x} in a bag and {c} {x} on the table. How many {x} are there altogether?",
+        "{n} picked {a} {x}, {m} picked {b} {x} and their friend picked {c} {x}. How many {x} did they pick in all?",
+    ),
+    "+-": (
+        "{n} has {a} {x}. {p} gets {b} more, then gives {c} of them away. How many {x} does {n} have now?",
+        "{n} bought {a} {x} on Monday and {b} {x} on Tuesday, then lost {c} of them. How many {x} does {n} have left?",
+        "There were {a} {x} in a box. {n} put in {b} more, then {m} took {c} out. How many {x} are in the box now?",
+    ),
+    "-+": (
+        "{n} had {a} {x} and gave {b} of them to {m}. {p} then bought {c} more. How many {x} does {n} have now?",
+        "A shop had {a} {x}. It sold {b} of them and then got {c} more. How many {x} does the shop have now?",
+        "There were {a} {x} on the table. {n} took {b} of them and {m} put {c} more on it. How many {x} are on the table now?",
+    ),
+    "--": (
+        "{n} has {a} {x}. {p} gives {b} to {m} and {c} to a friend. How many {x} does {n} have left?",
+        "A shop had {a} {x}. It sold {b} in the morning and {c} in the afternoon. How many {x} are left?",
+        "There were {a} {x} in a bag. {n} took {b} and {m} took {c}. How many {x} are still in the bag?",
+    ),
+}
+
+
+def _two_step(rng: random.Random, ops: list[str], hi: int) -> tuple[str, tuple[int, int, int], str]:
+    """(operations, (a, b, c), the worked solution) of a two-step story whose every result is >= 1."""
+    kind = rng.choice([o1 + o2 for o1 in ops for o2 in ops])
+    while True:
+        a, b, c = rng.randint(2, hi), rng.randint(1, hi), rng.randint(1, hi)
+        mid = a + b if kind[0] == "+" else a - b
+        end = mid + c if kind[1] == "+" else mid - c
+        if mid >= 1 and end >= 1:
+            break
+    return kind, (a, b, c), f"{a} {kind[0]} {b} = {mid}\n{mid} {kind[1]} {c} = {end}\n#### {end}"
+
+
+def make_word_problems(
+    n: int, seed: int, max_digits: int = 2, operators: str = "+-", min_steps: int = 1, max_steps: int = 1
+) -> list[Problem]:
+    """`n` word problems of `min_steps` to `max_steps` steps (1 or 2; the difficulty) with `operators` (from '+-*/';
+    two steps add and subtract), numbers of 1 to `max_digits` digits. A one-step '+-' set is the same as before
+    two steps and equal groups existed."""
+    ops = [o for o in "+-*/" if o in operators] or ["+", "-"]
+    hi = 10 ** max_digits - 1
     out = []
     for i in range(n):
         rng = random.Random(f"word-{seed}-{i}")  # item i depends on (seed, i) only, like basic_arithmetic's
+        steps = 1 if max_steps <= 1 else rng.randint(max(1, min_steps), 2)
+        if steps == 2:
+            kind, (a, b, c), solution = _two_step(rng, [o for o in ops if o in "+-"] or ["+", "-"], hi)
+            name, other = rng.sample(_WORD_NAMES, 2)
+            question = rng.choice(_WORD_TWO[kind]).format(
+                n=name, m=other, p=_PRONOUN[name], a=a, b=b, c=c, x=rng.choice(_WORD_ITEMS))
+            gold = solution.rsplit(" ", 1)[1]
+            out.append(Problem(id=f"word-{seed}-{i}", question=question, answer=gold, solution=solution,
+                               difficulty=2, source="word"))
+            continue
         op = rng.choice(ops)
-        hi = 10 ** max_digits - 1
+        if op in "*/":  # '*': {a} groups of {b}; '/': {a} = {b} * the answer, shared by {b}
+            b, c = rng.randint(2, hi), rng.randint(2, hi)
+            a, gold = (c, c * b) if op == "*" else (b * c, c)
+            name, other = rng.sample(_WORD_NAMES, 2)
+            template = rng.choice(_WORD_MUL if op == "*" else _WORD_DIV)
+            question = template.format(n=name, m=other, a=a, b=b, x=rng.choice(_WORD_ITEMS))
+            out.append(Problem(id=f"word-{seed}-{i}", question=question, answer=str(gold),
+                               solution=f"{a} {op} {b} = {gold}\n#### {gold}", difficulty=1, source="word"))
+            continue
         a, b = rng.randint(2, hi), rng.randint(1, hi)
         if op == "-":
             if a == b:
@@ -469,8 +545,9 @@ def stage_pool(stage, data_cfg, seed: int, split: str = "train") -> StagePool:
             "arithmetic",
         )
     if source == "word":
-        probs = make_word_problems(n, seed, stage.max_digits, stage.operators)
-        return StagePool(probs, f"one-step word problems ('{stage.operators}', <= {stage.max_digits} digits)", "word")
+        probs = make_word_problems(n, seed, stage.max_digits, stage.operators, lo, hi)
+        steps = "one-step" if hi <= 1 else ("two-step" if lo >= 2 else "one- and two-step")
+        return StagePool(probs, f"{steps} word problems ('{stage.operators}', <= {stage.max_digits} digits)", "word")
     if source == "gsm_symbolic":
         probs = _filter_difficulty(make_gsm_symbolic(max(4 * n, 64), seed), lo, hi)
         if len(probs) < min(n, 8):
