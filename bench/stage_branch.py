@@ -9,11 +9,11 @@ gets the source's records of stages 1..K (metrics, what they trained on, their s
 state) and a checkpoint at the end of stage K holding the stage-K weights; `python -m grpo_app resume` then
 runs stages K+1.. exactly as a resumed run does (`engine.train`: a checkpoint at a stage's end loads its
 weights and EWC state and goes on with the next stage). The branch's config must equal the source's in the
-first K stages and in model, data, rewards, GRPO and EWC settings (checked; a difference is refused), except
-`run.name`. What differs from training straight through: the random state at the start of stage K+1 is the
-run seed's again (a resumed run does not restore the sampler's random state across a stage end), so a branch
-is another draw of stage K+1, not a replay of the source's. `branch.json` in the new folder says where it
-came from. Prints the new run's folder as JSON.
+first K stages and in model, data, rewards, GRPO and EWC settings (the EWC ones only where the penalty is on)
+and the run seed (checked; a difference is refused). What differs from training straight through: the random
+state at the start of stage K+1 is the run seed's again (a resumed run does not restore the sampler's random
+state across a stage end), so a branch is another draw of stage K+1, not a replay of the source's.
+`branch.json` in the new folder says where it came from. Prints the new run's folder as JSON.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ def differences(src, cfg, k: int) -> list[str]:
         out += [f"stages[{j}].{key}: {a[key]!r} in the source, {b.get(key)!r} here" for key in a if a[key] != b.get(key)]
     for section in ("model", "data", "rewards", "grpo", "ewc"):
         a, b = asdict(getattr(src, section)), asdict(getattr(cfg, section))
+        if section == "ewc" and not (src.ewc.enabled or cfg.ewc.enabled):  # (no penalty: its settings do nothing)
+            a, b = {"enabled": False}, {"enabled": False}
         out += [f"{section}.{key}: {a[key]!r} in the source, {b.get(key)!r} here" for key in a if a[key] != b.get(key)]
     if src.run.seed != cfg.run.seed:
         out.append(f"run.seed: {src.run.seed} in the source, {cfg.run.seed} here")

@@ -53,8 +53,8 @@ SCALE_HELP = (
 )
 STAGES_HELP = (
     "One row per curriculum stage, trained in order. **source**: `arithmetic` (generated sums; difficulty = "
-    "number of operators, 1–5), `word` (generated one-step word problems: one addition or subtraction in a short "
-    "story), `gsm8k` (grade-school word problems; difficulty = calculation steps, mostly 2–4), "
+    "number of operators, 1–5), `word` (generated word problems: a short story with one addition or subtraction, "
+    "difficulty 2 = two of them, operators `*/` = equal groups), `gsm8k` (grade-school word problems; difficulty = calculation steps, mostly 2–4), "
     "`gsm_symbolic` (generated GSM8K-like word problems), `custom` (your uploaded file). Add or delete rows as you like. "
     "The last three may stay blank: a stage's own **learning rate** and **EWC λ** (blank = the run's), and "
     "**replay**, the share of its problems taken from earlier stages (0–0.9; blank = none)."
