@@ -96,7 +96,8 @@ def branch(src_dir: Path, k: int, cfg) -> Path:
     model, tok = load_stage_model(src, k - 1, scfg.model.name)
     ck = run.checkpoints_dir / f"stage-{k - 1}" / f"checkpoint-{cfg.stages[k - 1].steps}"
     ck.mkdir(parents=True)
-    state = {n: t.contiguous() for n, t in model.state_dict().items() if n != "lm_head.weight"}
+    tied = getattr(model.config, "tie_word_embeddings", False)  # (a tied head is the embedding; saved once)
+    state = {n: t.contiguous() for n, t in model.state_dict().items() if not (tied and n == "lm_head.weight")}
     save_file(state, str(ck / "model.safetensors"))
     atomic_write_json(ck / "trainer_state.json", {"global_step": cfg.stages[k - 1].steps, "branched_from": src.id})
     atomic_write_json(

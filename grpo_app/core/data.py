@@ -313,8 +313,8 @@ _WORD_TWO = {
 }
 
 
-def _two_step(rng: random.Random, ops: list[str], hi: int) -> tuple[str, tuple[int, int, int], str]:
-    """(operations, (a, b, c), the worked solution) of a two-step story whose every result is >= 1."""
+def _two_step(rng: random.Random, ops: list[str], hi: int) -> tuple[str, tuple[int, int, int], int, str]:
+    """(operations, (a, b, c), answer, worked solution) of a two-step story whose every result is >= 1."""
     kind = rng.choice([o1 + o2 for o1 in ops for o2 in ops])
     while True:
         a, b, c = rng.randint(2, hi), rng.randint(1, hi), rng.randint(1, hi)
@@ -322,7 +322,7 @@ def _two_step(rng: random.Random, ops: list[str], hi: int) -> tuple[str, tuple[i
         end = mid + c if kind[1] == "+" else mid - c
         if mid >= 1 and end >= 1:
             break
-    return kind, (a, b, c), f"{a} {kind[0]} {b} = {mid}\n{mid} {kind[1]} {c} = {end}\n#### {end}"
+    return kind, (a, b, c), end, f"{a} {kind[0]} {b} = {mid}\n{mid} {kind[1]} {c} = {end}\n#### {end}"
 
 
 def make_word_problems(
@@ -338,12 +338,11 @@ def make_word_problems(
         rng = random.Random(f"word-{seed}-{i}")  # item i depends on (seed, i) only, like basic_arithmetic's
         steps = 1 if max_steps <= 1 else rng.randint(max(1, min_steps), 2)
         if steps == 2:
-            kind, (a, b, c), solution = _two_step(rng, [o for o in ops if o in "+-"] or ["+", "-"], hi)
+            kind, (a, b, c), end, solution = _two_step(rng, [o for o in ops if o in "+-"] or ["+", "-"], hi)
             name, other = rng.sample(_WORD_NAMES, 2)
             question = rng.choice(_WORD_TWO[kind]).format(
                 n=name, m=other, p=_PRONOUN[name], a=a, b=b, c=c, x=rng.choice(_WORD_ITEMS))
-            gold = solution.rsplit(" ", 1)[1]
-            out.append(Problem(id=f"word-{seed}-{i}", question=question, answer=gold, solution=solution,
+            out.append(Problem(id=f"word-{seed}-{i}", question=question, answer=str(end), solution=solution,
                                difficulty=2, source="word"))
             continue
         op = rng.choice(ops)
