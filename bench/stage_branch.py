@@ -111,7 +111,7 @@ def branch(src_dir: Path, k: int, cfg) -> Path:
 
 
 def main() -> None:
-    from grpo_app.core.config import load_config
+    from grpo_app.core.config import ConfigError, load_config
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--from", dest="src", required=True, help="the source run's folder")
@@ -122,7 +122,10 @@ def main() -> None:
     ap.add_argument("--no-train", action="store_true", help="only create the folder")
     a = ap.parse_args()
     sets = list(a.set) + ([f"run.name={a.name}"] if a.name else [])
-    cfg = load_config(a.config, sets)
+    try:
+        cfg = load_config(a.config, sets)
+    except (ConfigError, OSError) as e:
+        raise SystemExit(f"cannot branch: {e}") from None
     if a.after < 1:
         raise SystemExit("--after: 1 or more")
     path = branch(Path(a.src), a.after, cfg)
