@@ -9,8 +9,9 @@ gets the source's records of stages 1..K (metrics, what they trained on, their s
 state) and a checkpoint at the end of stage K holding the stage-K weights; `python -m grpo_app resume` then
 runs stages K+1.. exactly as a resumed run does (`engine.train`: a checkpoint at a stage's end loads its
 weights and EWC state and goes on with the next stage). The branch's config must equal the source's in the
-first K stages and in model, data, rewards, GRPO and EWC settings (the EWC ones only where the penalty is on)
-and the run seed (checked; a difference is refused). What differs from training straight through: the random
+first K stages and in model, data, rewards, GRPO and EWC settings (the EWC ones only where the penalty is on;
+after stage 1, which never has a penalty, the branch may turn it off or change its strength λ) and the run seed
+(checked; a difference is refused). What differs from training straight through: the random
 state at the start of stage K+1 is the run seed's again (a resumed run does not restore the sampler's random
 state across a stage end), so a branch is another draw of stage K+1, not a replay of the source's.
 `branch.json` in the new folder says where it came from. Prints the new run's folder as JSON.
@@ -32,6 +33,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+# EWC settings that only weigh the penalty in the stages after the first (the Fisher kept at stage 1's end does
+# not depend on them): a branch after stage 1 may change them.
+_PENALTY_ONLY = ("lam", "clip_penalty", "offload")
+
+
 def differences(src, cfg, k: int) -> list[str]:
     """Settings in which `cfg` may not differ from the source run's config `src` for a branch after k stages."""
     out = []
@@ -44,6 +50,11 @@ def differences(src, cfg, k: int) -> list[str]:
         a, b = asdict(getattr(src, section)), asdict(getattr(cfg, section))
         if section == "ewc" and not (src.ewc.enabled or cfg.ewc.enabled):  # (no penalty: its settings do nothing)
             a, b = {"enabled": False}, {"enabled": False}
+        elif section == "ewc" and k == 1 and not cfg.ewc.enabled:  # (stage 1 never has a penalty: dropping it
+            a, b = {}, {}                                          # after stage 1 changes nothing before)
+        elif section == "ewc" and k == 1 and src.ewc.enabled:  # (the penalty's strength was not used before stage 2)
+            for key in _PENALTY_ONLY:
+                a.pop(key, None), b.pop(key, None)
         out += [f"{section}.{key}: {a[key]!r} in the source, {b.get(key)!r} here" for key in a if a[key] != b.get(key)]
     if src.run.seed != cfg.run.seed:
         out.append(f"run.seed: {src.run.seed} in the source, {cfg.run.seed} here")
@@ -87,7 +98,7 @@ def branch(src_dir: Path, k: int, cfg) -> Path:
         if text:
             atomic_write_text(run.path / name, text)
     for j in range(k):
-        if (src.ewc_dir / f"stage-{j}").is_dir():
+        if cfg.ewc.enabled and (src.ewc_dir / f"stage-{j}").is_dir():
             shutil.copytree(src.ewc_dir / f"stage-{j}", run.ewc_dir / f"stage-{j}")
         own = src.stage_ends_dir / f"stage-{j}.safetensors"
         if own.is_file():

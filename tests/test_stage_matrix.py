@@ -208,6 +208,23 @@ def test_the_ewc_movement_bench_measures_how_far_each_stage_moved(runs):
         assert all(0 < b["rms_in_lr"] <= 1.5 * s["steps"] for b in s["bands"].values())
 
 
+def test_a_branch_after_stage_1_may_drop_or_reweigh_the_penalty_but_not_invent_its_fisher():
+    """bench/stage_branch.differences: stage 1 never has a penalty, so a branch after it may turn EWC off or
+    change λ; after stage 2 (trained under the penalty) λ must match; a source without EWC kept no Fisher, so
+    a branch that turns it on is refused."""
+    from bench.stage_branch import differences
+
+    def cfg(*sets):
+        return load_config("tests/configs/tiny.yaml", ["stages[1].steps=1", *sets])
+
+    ewc, lam5, off = cfg("ewc.enabled=true"), cfg("ewc.enabled=true", "ewc.lam=5"), cfg("ewc.enabled=false")
+    assert differences(ewc, off, 1) == [] and differences(ewc, lam5, 1) == []
+    assert differences(ewc, cfg("ewc.enabled=true", "ewc.fisher_samples=3"), 1) == [
+        f"ewc.fisher_samples: {ewc.ewc.fisher_samples} in the source, 3 here"]
+    assert any(d.startswith("ewc.lam:") for d in differences(ewc, lam5, 2))
+    assert differences(off, ewc, 1) == ["ewc.enabled: False in the source, True here"]
+
+
 def test_a_branch_starts_where_the_source_stood_after_stage_k_and_trains_the_rest(runs, tmp_path, monkeypatch):
     """bench/stage_branch.py: the branch's stage-1 weights and EWC state are the source's, its stage 2 trains
     from them under the source's penalty (the loaded Fisher is active), and a config that differs from the
