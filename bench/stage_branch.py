@@ -76,6 +76,16 @@ def _jsonl_upto(path: Path, step: int) -> str:
     return "".join(keep)
 
 
+def _anchor_as_stage_end(anchor_file: Path, out: Path, j: int) -> None:
+    """The EWC anchor (the trainable weights as stage j ended) written as a run without EWC keeps them."""
+    from safetensors.torch import load_file, save_file
+
+    weights = {n.split("::", 1)[1]: t.float().contiguous() for n, t in load_file(str(anchor_file)).items()
+               if n.startswith("anchor::")}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_file(weights, str(out), metadata={"stage": str(j)})
+
+
 def branch(src_dir: Path, k: int, cfg) -> Path:
     """Create the branch's run folder (see the module docstring) and return it."""
     from safetensors.torch import save_file
@@ -98,12 +108,16 @@ def branch(src_dir: Path, k: int, cfg) -> Path:
         if text:
             atomic_write_text(run.path / name, text)
     for j in range(k):
-        if cfg.ewc.enabled and (src.ewc_dir / f"stage-{j}").is_dir():
-            shutil.copytree(src.ewc_dir / f"stage-{j}", run.ewc_dir / f"stage-{j}")
-        own = src.stage_ends_dir / f"stage-{j}.safetensors"
+        anchor_dir, own = src.ewc_dir / f"stage-{j}", src.stage_ends_dir / f"stage-{j}.safetensors"
+        if cfg.ewc.enabled and anchor_dir.is_dir():
+            shutil.copytree(anchor_dir, run.ewc_dir / f"stage-{j}")
         if own.is_file():
             run.stage_ends_dir.mkdir(parents=True, exist_ok=True)
             shutil.copy2(own, run.stage_ends_dir / own.name)
+        elif not cfg.ewc.enabled and (anchor_dir / "ewc.safetensors").is_file():
+            # a branch without EWC keeps no anchors: its stage-j weights (the matrix's rows) go where a run
+            # without EWC keeps them, in save_stage_end's form (the trainable weights, float32)
+            _anchor_as_stage_end(anchor_dir / "ewc.safetensors", run.stage_ends_dir / own.name, j)
     model, tok = load_stage_model(src, k - 1, scfg.model.name)
     ck = run.checkpoints_dir / f"stage-{k - 1}" / f"checkpoint-{cfg.stages[k - 1].steps}"
     ck.mkdir(parents=True)

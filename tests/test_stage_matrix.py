@@ -257,3 +257,8 @@ def test_a_branch_starts_where_the_source_stood_after_stage_k_and_trains_the_res
     assert [m["step"] for m in stage2] == [3, 4] and any(m.get("ewc_penalty") for m in stage2)
     final, _ = load_stage_model(run, 1, scfg.model.name)
     assert any(not torch.equal(a, b) for a, b in zip(s1_br.state_dict().values(), final.state_dict().values()))
+    plain = branch(src.path, 1, load_config("tests/configs/tiny.yaml", [  # EWC off after stage 1: no anchors
+        "ewc.enabled=false", "run.eval_n=0", "run.keep_checkpoints=10", *VARIED_RULE]))  # kept, the weights are
+    assert not (RunDir(plain).ewc_dir / "stage-0").exists() and RunDir(plain).stage_end_weights(0)[0] == "weights"
+    s1_plain, _ = load_stage_model(RunDir(plain), 0, scfg.model.name)
+    assert all(torch.equal(a, b) for a, b in zip(s1_src.state_dict().values(), s1_plain.state_dict().values()))
