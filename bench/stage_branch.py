@@ -78,10 +78,11 @@ def _jsonl_upto(path: Path, step: int) -> str:
 
 def _anchor_as_stage_end(anchor_file: Path, out: Path, j: int) -> None:
     """The EWC anchor (the trainable weights as stage j ended) written as a run without EWC keeps them."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
-    weights = {n.split("::", 1)[1]: t.float().contiguous() for n, t in load_file(str(anchor_file)).items()
-               if n.startswith("anchor::")}
+    from grpo_app.evaluation.stage_matrix import anchor_weights
+
+    weights = {n: t.float().contiguous() for n, t in anchor_weights(anchor_file).items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     save_file(weights, str(out), metadata={"stage": str(j)})
 
