@@ -76,24 +76,14 @@ def _jsonl_upto(path: Path, step: int) -> str:
     return "".join(keep)
 
 
-def _anchor_as_stage_end(anchor_file: Path, out: Path, j: int) -> None:
-    """The EWC anchor (the trainable weights as stage j ended) written as a run without EWC keeps them."""
-    from safetensors.torch import save_file
-
-    from grpo_app.evaluation.stage_matrix import anchor_weights
-
-    weights = {n: t.float().contiguous() for n, t in anchor_weights(anchor_file).items()}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save_file(weights, str(out), metadata={"stage": str(j)})
-
-
 def branch(src_dir: Path, k: int, cfg) -> Path:
     """Create the branch's run folder (see the module docstring) and return it."""
     from safetensors.torch import save_file
 
     from grpo_app.core.fileio import atomic_write_json, atomic_write_text
     from grpo_app.core.run_folder import RunDir, runs_root
-    from grpo_app.evaluation.stage_matrix import load_stage_model
+    from grpo_app.evaluation.stage_matrix import anchor_weights, load_stage_model
+    from grpo_app.training.engine import write_stage_end
 
     src = RunDir(src_dir)
     scfg = src.config()
@@ -117,8 +107,8 @@ def branch(src_dir: Path, k: int, cfg) -> Path:
             shutil.copy2(own, run.stage_ends_dir / own.name)
         elif not cfg.ewc.enabled and (anchor_dir / "ewc.safetensors").is_file():
             # a branch without EWC keeps no anchors: its stage-j weights (the matrix's rows) go where a run
-            # without EWC keeps them, in save_stage_end's form (the trainable weights, float32)
-            _anchor_as_stage_end(anchor_dir / "ewc.safetensors", run.stage_ends_dir / own.name, j)
+            # without EWC keeps them
+            write_stage_end(anchor_weights(anchor_dir / "ewc.safetensors"), run, j)
     model, tok = load_stage_model(src, k - 1, scfg.model.name)
     ck = run.checkpoints_dir / f"stage-{k - 1}" / f"checkpoint-{cfg.stages[k - 1].steps}"
     ck.mkdir(parents=True)

@@ -325,15 +325,19 @@ def save_final(model, tokenizer, run: RunDir, info: dict) -> Path:
 
 
 def save_stage_end(model, run: RunDir, k: int) -> Path:
-    """The trainable weights as stage k ended (float32), for the stage x task matrix of a run without EWC.
+    """The trainable weights as stage k ended (float32), for the stage x task matrix of a run without EWC."""
+    return write_stage_end({n: p.detach() for n, p in model.named_parameters() if p.requires_grad}, run, k)
+
+
+def write_stage_end(weights: dict, run: RunDir, k: int) -> Path:
+    """Keep `weights` (name -> tensor) as stage k's end, float32, where the matrix reads a run without EWC.
     Written under a temporary name and renamed, so a reader never sees half a file."""
     from safetensors.torch import save_file
 
     path = run.stage_ends_dir / f"stage-{k}.safetensors"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    weights = {n: p.detach().float().contiguous() for n, p in model.named_parameters() if p.requires_grad}
-    save_file(weights, str(tmp), metadata={"stage": str(k)})
+    save_file({n: t.float().contiguous() for n, t in weights.items()}, str(tmp), metadata={"stage": str(k)})
     os.replace(tmp, path)
     return path
 
