@@ -161,7 +161,7 @@ def cmd_train(args) -> int:
 def _compare_matrix(args) -> int:
     """`compare --run ID --matrix`: after each stage, its model on held-out problems of every stage's task."""
     from grpo_app.core.models import ModelError
-    from grpo_app.evaluation.stage_matrix import MatrixError, stage_matrix, summary_sentence
+    from grpo_app.evaluation.stage_matrix import MatrixError, ewc_label, stage_matrix, summary_sentence
 
     try:
         if not args.run:
@@ -179,7 +179,7 @@ def _compare_matrix(args) -> int:
         print(f"\nCannot compute the matrix: {e}", file=sys.stderr)
         return 2
     print()  # (stage_matrix saved it in the run's eval/ folder)
-    ewc = f"EWC on, lambda {m['ewc']['lam']:g}" if m["ewc"]["enabled"] else "EWC off"
+    ewc = ewc_label(m, lam="lambda").replace("EWC ", "EWC on, ", 1) if m["ewc"]["enabled"] else "EWC off"
     print(f"Stage x task matrix of run {run.id} ({ewc}); {m['n']} held-out problems per task, greedy")
     width = max(12, *(len(t["name"]) + 4 for t in m["tasks"]))
     print(f"{'model':<22}" + "".join(f"{f'task {j + 1} ' + t['name']:>{width + 14}}" for j, t in enumerate(m["tasks"])))

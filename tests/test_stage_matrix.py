@@ -178,6 +178,32 @@ def test_a_saved_matrix_is_shown_again_until_the_final_model_changes(runs, monke
         sm.stage_matrix(run, n=3, max_new_tokens=8)
 
 
+def test_a_matrix_is_labelled_with_every_stage_lambda_that_differs_from_the_runs(runs, monkeypatch):
+    """A run whose stage 3 trained at its own λ must not be titled with the run's λ alone; stage 1's λ never acts,
+    so it is not named; a matrix saved before the per-stage λ were recorded gets them from the run's config."""
+    import json
+
+    from grpo_app.evaluation import stage_matrix as sm
+
+    assert sm.ewc_label({"ewc": {"enabled": False, "lam": 10.0}}) == "no EWC"
+    assert sm.ewc_label({"ewc": {"enabled": True, "lam": 10.0}}) == "EWC λ 10"
+    assert sm.ewc_label({"ewc": {"enabled": True, "lam": 10.0, "stage_lams": [0.0, 10.0, 3.0]}}) == \
+        "EWC λ 10; stage 3 λ 3"
+    assert sm.ewc_label({"ewc": {"enabled": True, "lam": 1000.0, "stage_lams": [1000.0, 300.0]}},
+                        lam="lambda") == "EWC lambda 1000; stage 2 lambda 300"
+
+    run = runs["ewc"]
+    m = sm.stage_matrix(run, n=2, seed=7, max_new_tokens=8)
+    cfg = run.config()
+    assert m["ewc"]["stage_lams"] == [float(st.ewc_lam if st.ewc_lam is not None else cfg.ewc.lam)
+                                      for st in cfg.stages]
+    path = sm.matrix_path(run, 2, 7, 8)
+    old = json.loads(path.read_text())
+    old["ewc"] = {"enabled": True, "lam": 99.0}  # as saved before: the run's λ only (and here a wrong one)
+    path.write_text(json.dumps(old))
+    assert sm.saved_matrix(run, 2, 7, 8)["ewc"] == sm.ewc_settings(cfg)
+
+
 def test_a_task_with_no_held_out_problems_left_is_refused_not_scored_as_zero(runs, monkeypatch):
     from grpo_app.evaluation import stage_matrix as sm
     from grpo_app.evaluation.scoring import CompareSpec

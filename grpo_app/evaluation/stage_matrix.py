@@ -144,7 +144,7 @@ def stage_matrix(
     result = {
         "run_id": run.id,
         "final_model": _final_stamp(run),
-        "ewc": {"enabled": cfg.ewc.enabled, "lam": cfg.ewc.lam},
+        "ewc": ewc_settings(cfg),
         "stages": [st.name for st in cfg.stages],
         "tasks": tasks,
         "n": n,
@@ -174,11 +174,38 @@ def _final_stamp(run: RunDir) -> str:
 
 
 def saved_matrix(run: RunDir, n: int, seed: int, max_new_tokens: int | None = None) -> dict | None:
-    """The saved matrix for these settings, if it was computed from the run's present final model."""
+    """The saved matrix for these settings, if it was computed from the run's present final model. A matrix
+    saved before the per-stage λ were recorded gets them from the run's config (they label the matrix)."""
     data = read_json(matrix_path(run, n, seed, max_new_tokens))
     if not isinstance(data, dict) or not data.get("rows") or data.get("final_model") != _final_stamp(run):
         return None
+    if isinstance(data.get("ewc"), dict) and "stage_lams" not in data["ewc"]:
+        try:
+            data["ewc"] = ewc_settings(run.config())
+        except Exception:  # an unreadable config: the saved label stays as it was
+            pass
     return data
+
+
+def ewc_settings(cfg) -> dict:
+    """The penalty as the run trained: on or off, the run's λ and each stage's (a stage's own `ewc_lam`, blank =
+    the run's). Stage 1 has no earlier stage to keep, so its λ never acts."""
+    lams = [float(st.ewc_lam if st.ewc_lam is not None else cfg.ewc.lam) for st in cfg.stages]
+    return {"enabled": bool(cfg.ewc.enabled), "lam": float(cfg.ewc.lam), "stage_lams": lams}
+
+
+def ewc_label(m: dict, lam: str = "λ") -> str:
+    """How a matrix's run was penalised, for its title: "no EWC", "EWC λ 10", or "EWC λ 10; stage 3 λ 3" where a
+    later stage trained under its own λ (a matrix labelled with the run's λ alone would misstate that stage)."""
+    e = m.get("ewc") or {}
+    if not e.get("enabled"):
+        return "no EWC"
+    run_lam = float(e.get("lam", 0.0))
+    own = [(k + 1, x) for k, x in enumerate(e.get("stage_lams") or []) if k and float(x) != run_lam]
+    text = f"EWC {lam} {run_lam:g}"
+    if own:
+        text += "; " + ", ".join(f"stage {k} {lam} {x:g}" for k, x in own)
+    return text
 
 
 def summary_sentence(m: dict) -> str:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from grpo_app.evaluation.scoring import compare_csv
+from grpo_app.evaluation.stage_matrix import ewc_label
 from grpo_app.export.downloads import write_text_export
 from grpo_app.runs.job_queue import DONE, QueueFullError
 from grpo_app.ui import render
@@ -286,8 +287,7 @@ def _create_matrix_section(studio: Studio, run, seed):
             yield html, skip, skip
             return
         found = job.result["runs"]
-        titles = [(f"{rid} ({'EWC λ ' + format(m['ewc']['lam'], 'g') if m['ewc']['enabled'] else 'no EWC'})", m)
-                  for rid, m in found]
+        titles = [(f"{rid} ({ewc_label(m)})", m) for rid, m in found]
         yield (render.job_progress_html(job.snapshot()), plot(matrix_figure(titles).to_json()),
                render.matrix_note_html(titles))
 
