@@ -12,9 +12,10 @@ weights and EWC state and goes on with the next stage). The branch's config must
 first K stages and in model, data, rewards, GRPO and EWC settings (the EWC ones only where the penalty is on;
 after stage 1, which never has a penalty, the branch may turn it off or change its strength λ) and the run seed
 (checked; a difference is refused). Against training straight through: each stage's trainer seeds itself
-from the run seed and the stage's index when it is built (`settings.py`), and the sampler's from those and the
-step, so a branch with the straight run's settings replays its stage K+1; measured once, a seed-42 branch after stage 2 of
-`progressive` and the same preset trained straight through gave the same held-out matrix, cell for cell.
+from the run seed and the stage's index when it is built (`settings.py`), and the sampler's from those and
+the step, so a branch with the straight run's settings replays its stage K+1; measured once, a seed-42 branch
+after stage 2 of `progressive` and the same preset trained straight through gave the same held-out matrix,
+cell for cell.
 `branch.json` in the new folder says where it came from. Prints the new run's folder as JSON.
 """
 
