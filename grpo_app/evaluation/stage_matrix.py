@@ -182,7 +182,7 @@ def saved_matrix(run: RunDir, n: int, seed: int, max_new_tokens: int | None = No
     if isinstance(data.get("ewc"), dict) and "stage_lams" not in data["ewc"]:
         try:
             data["ewc"] = ewc_settings(run.config())
-        except Exception:  # an unreadable config: the saved label stays as it was
+        except (OSError, ValueError):  # an unreadable config (ConfigError is a ValueError): the label stays
             pass
     return data
 
