@@ -178,7 +178,7 @@ def test_a_saved_matrix_is_shown_again_until_the_final_model_changes(runs, monke
         sm.stage_matrix(run, n=3, max_new_tokens=8)
 
 
-def test_a_matrix_is_labelled_with_every_stage_lambda_that_differs_from_the_runs(runs, monkeypatch):
+def test_a_matrix_is_labelled_with_every_stage_lambda_that_differs_from_the_runs(runs):
     """A run whose stage 3 trained at its own λ must not be titled with the run's λ alone; stage 1's λ never acts,
     so it is not named; a matrix saved before the per-stage λ were recorded gets them from the run's config."""
     import json

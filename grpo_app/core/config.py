@@ -704,6 +704,11 @@ class Config:
     def total_steps(self) -> int:
         return sum(s.steps for s in self.stages)
 
+    def stage_ewc_lam(self, k: int) -> float:
+        """The EWC λ stage k trains under: its own `ewc_lam`, blank = ewc.lam (stage 1's never acts: nothing to keep)."""
+        own = self.stages[k].ewc_lam
+        return float(own if own is not None else self.ewc.lam)
+
     @property
     def micro_batch(self) -> int:
         """Completions per forward/backward chunk: grpo.micro_batch_size, 0 = one group (G)."""

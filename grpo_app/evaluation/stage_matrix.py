@@ -188,9 +188,8 @@ def saved_matrix(run: RunDir, n: int, seed: int, max_new_tokens: int | None = No
 
 
 def ewc_settings(cfg) -> dict:
-    """The penalty as the run trained: on or off, the run's λ and each stage's (a stage's own `ewc_lam`, blank =
-    the run's). Stage 1 has no earlier stage to keep, so its λ never acts."""
-    lams = [float(st.ewc_lam if st.ewc_lam is not None else cfg.ewc.lam) for st in cfg.stages]
+    """The penalty as the run trained: on or off, the run's λ and each stage's (`Config.stage_ewc_lam`)."""
+    lams = [cfg.stage_ewc_lam(k) for k in range(len(cfg.stages))]
     return {"enabled": bool(cfg.ewc.enabled), "lam": float(cfg.ewc.lam), "stage_lams": lams}
 
 

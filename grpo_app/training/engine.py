@@ -455,8 +455,8 @@ class _Job:
         cfg, run, reporter = self.cfg, self.run, self.reporter
         stage = cfg.stages[k]
         pool = stage_pool(stage, cfg.data, seed=cfg.data.seed + k)
-        if self.ewc is not None:  # this stage's lambda (stage.ewc_lam; empty = ewc.lam)
-            self.ewc.lam = float(stage.ewc_lam if stage.ewc_lam is not None else cfg.ewc.lam)
+        if self.ewc is not None:
+            self.ewc.lam = cfg.stage_ewc_lam(k)
         active_ewc = self.ewc if (self.ewc is not None and self.ewc.active) else None
         args = grpo_args(cfg, k, run.checkpoints_dir / f"stage-{k}", device, run_name=f"{run.id}-stage{k + 1}")
         problems = with_replay(cfg.stages, k, cfg.data, cfg.data.seed + 7919 * (k + 1), pool.problems)
