@@ -12,7 +12,8 @@ on held-out problems like each stage of a config, greedy and never forced, and p
 * `--pass-k K`: also K answers per problem sampled at temperature 0.8 (the presets' training temperature):
   pass@K says whether GRPO has anything to reinforce (a task no sample ever solves gives groups of equal
   rewards and no gradient). Off by default (it costs K times the greedy pass).
-* With `--trained NAME`: paired exact McNemar of each model against the model named by `--before`.
+* With `--before NAME[,NAME...]`: paired exact McNemar of each model against each model named there (a stage's
+  model against the one before it: `--before n1,n2` pairs the stage-3 model with stage 2's as well).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def main() -> None:
     ap.add_argument("--config", required=True)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--models", nargs="+", required=True, metavar="NAME=SPEC")
-    ap.add_argument("--before", default="", help="pair every model with this one (a NAME of --models)")
+    ap.add_argument("--before", default="", help="pair every model with these (comma-separated NAMEs of --models)")
     ap.add_argument("--n", type=int, default=100)
     ap.add_argument("--seed", type=int, default=1000)
     ap.add_argument("--pass-k", type=int, default=0)
@@ -70,8 +71,10 @@ def main() -> None:
     if any("=" not in m for m in a.models):
         ap.error("--models takes NAME=SPEC pairs.")
     models = dict(m.split("=", 1) for m in a.models)
-    if a.before and a.before not in models:
-        ap.error(f"--before {a.before}: not one of {', '.join(models)}.")
+    befores = [b for b in a.before.split(",") if b]
+    for b in befores:
+        if b not in models:
+            ap.error(f"--before {b}: not one of {', '.join(models)}.")
     cfg = load_config(a.config, a.set)
     exclude = training_questions(cfg)
     wanted = [int(x) - 1 for x in a.tasks.split(",") if x] or list(range(len(cfg.stages)))
@@ -110,10 +113,10 @@ def main() -> None:
                   + (f" pass@{a.pass_k} {cell['pass_at_k']:.2f} mixed {cell['mixed_groups']:.2f}" if a.pass_k else ""), file=sys.stderr, flush=True)
         del model
         print(f"# {name}: {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
-    if a.before:
-        out["paired_vs_" + a.before] = {
-            name: {task: paired(records[a.before][task], recs) for task, recs in by_task.items()}
-            for name, by_task in records.items() if name != a.before
+    for b in befores:
+        out["paired_vs_" + b] = {
+            name: {task: paired(records[b][task], recs) for task, recs in by_task.items()}
+            for name, by_task in records.items() if name != b
         }
     emit(out, a.out or None)
 
