@@ -113,10 +113,10 @@ def main() -> None:
                   + (f" pass@{a.pass_k} {cell['pass_at_k']:.2f} mixed {cell['mixed_groups']:.2f}" if a.pass_k else ""), file=sys.stderr, flush=True)
         del model
         print(f"# {name}: {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
-    for b in befores:
+    for i, b in enumerate(befores):  # each pair once: n2 is paired with n1 under n1, not n1 with n2 again under n2
         out["paired_vs_" + b] = {
             name: {task: paired(records[b][task], recs) for task, recs in by_task.items()}
-            for name, by_task in records.items() if name != b
+            for name, by_task in records.items() if name != b and name not in befores[:i]
         }
     emit(out, a.out or None)
 
