@@ -83,8 +83,8 @@ def branch(src_dir: Path, k: int, cfg) -> Path:
     from safetensors.torch import save_file
 
     from grpo_app.core.fileio import atomic_write_json, atomic_write_text
-    from grpo_app.core.run_folder import RunDir, runs_root
-    from grpo_app.evaluation.stage_matrix import anchor_weights, load_stage_model
+    from grpo_app.core.run_folder import RunDir, read_anchor, runs_root
+    from grpo_app.evaluation.stage_matrix import load_stage_model
     from grpo_app.training.engine import write_stage_end
 
     src = RunDir(src_dir)
@@ -110,7 +110,7 @@ def branch(src_dir: Path, k: int, cfg) -> Path:
         elif not cfg.ewc.enabled and (anchor_dir / "ewc.safetensors").is_file():
             # a branch without EWC keeps no anchors: its stage-j weights (the matrix's rows) go where a run
             # without EWC keeps them
-            write_stage_end(anchor_weights(anchor_dir / "ewc.safetensors"), run, j)
+            write_stage_end(read_anchor(anchor_dir / "ewc.safetensors"), run, j)
     model, tok = load_stage_model(src, k - 1, scfg.model.name)
     ck = run.checkpoints_dir / f"stage-{k - 1}" / f"checkpoint-{cfg.stages[k - 1].steps}"
     ck.mkdir(parents=True)

@@ -446,7 +446,11 @@ class GRPOSettings:
     warmup_steps: int = _f(0, "Warm-up steps of each stage.")
     weight_decay: float = _f(0.0, "AdamW weight decay.")
     max_grad_norm: float = _f(1.0, "Gradient clipping norm (0 = off).")
-    beta: float = _f(0.0, "KL coefficient against the stage's reference model (0 = no reference model, faster).")
+    beta: float = _f(
+        0.0,
+        "KL coefficient against the reference model: the policy as the stage began (with LoRA: the base model). "
+        "0 = no reference model, faster.",
+    )
     epsilon: float = _f(0.2, "PPO-style clip range of the probability ratio.")
     loss_type: str = _f("dapo", f"Loss aggregation: one of {', '.join(LOSS_TYPES)}.")
     scale_rewards: str = _f("group", "Advantage scaling: group (std within the group), batch, or none.")

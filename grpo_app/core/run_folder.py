@@ -75,6 +75,13 @@ def runs_root(cfg_root: str | None = None) -> Path:
     return p.resolve()
 
 
+def read_anchor(path) -> dict:
+    """The EWC anchor kept in an ewc.safetensors file: the trainable weights as its stage ended, by name."""
+    from safetensors.torch import load_file
+
+    return {n.split("::", 1)[1]: t for n, t in load_file(str(path)).items() if n.startswith("anchor::")}
+
+
 class RunDir:
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -109,6 +116,17 @@ class RunDir:
         if anchor.is_file():
             return "anchor", anchor
         return None
+
+    def stage_end_state(self, k: int) -> dict | None:
+        """The trainable weights (name -> tensor) the run had when stage k ended, read from the EWC anchor or
+        stage_ends/; None when the run kept neither (the last stage's are the final model)."""
+        from safetensors.torch import load_file
+
+        where = self.stage_end_weights(k)
+        if where is None or where[0] == "final":
+            return None
+        kind, path = where
+        return load_file(str(path)) if kind == "weights" else read_anchor(path)
 
     @classmethod
     def create(cls, root: Path, cfg: Config) -> RunDir:

@@ -29,17 +29,8 @@ class MatrixError(ValueError):
     """The matrix cannot be computed for this run (the message says why and what to do)."""
 
 
-def anchor_weights(path) -> dict:
-    """The EWC anchor kept in an ewc.safetensors file: the trainable weights as its stage ended, by name."""
-    from safetensors.torch import load_file
-
-    return {name.split("::", 1)[1]: t for name, t in load_file(str(path)).items() if name.startswith("anchor::")}
-
-
 def load_stage_model(run: RunDir, k: int, base_name: str):
     """The model as stage k ended: base weights + the stage's trainable weights (frozen ones are the base's)."""
-    from safetensors.torch import load_file
-
     where = run.stage_end_weights(k)
     if where is None:
         raise MatrixError(
@@ -51,7 +42,7 @@ def load_stage_model(run: RunDir, k: int, base_name: str):
         model, tok, _ = load_for_eval(str(path))
         return model, tok
     model, tok, _ = load_for_eval(base_name)
-    weights = anchor_weights(path) if kind == "anchor" else load_file(str(path))
+    weights = run.stage_end_state(k)
     result = model.load_state_dict(weights, strict=False)
     if result.unexpected_keys or not weights:
         raise MatrixError(f"the weights kept for the end of stage {k + 1} do not fit the base model (a LoRA run?).")

@@ -22,6 +22,7 @@ reported through the optional `reporter.activity(text)`.
 
 from __future__ import annotations
 
+import copy
 import gc
 import json
 import os
@@ -450,6 +451,33 @@ class _Job:
         gc.collect()
         return True
 
+    # -- the KL reference (grpo.beta > 0) ----------------------------------------------------------
+    def reference_model(self, k: int, resuming: bool):
+        """A frozen copy of the policy as stage k began: the reference of stage k's KL term (departure 9 in
+        trainer.py). Resuming inside stage k, the policy still holds the weights it was loaded with (the
+        checkpoint's come in `trainer.train`): the stage-(k-1) end the run kept (EWC anchor or stage_ends/)
+        replaces its trainable weights; for stage 1 those loaded weights are the start. None with LoRA: TRL
+        then takes the model with its adapters switched off (the base model) as the reference."""
+        if self.cfg.model.lora:
+            return None
+        policy = self.model
+        ref = type(policy)(copy.deepcopy(policy.config)).to(dtype=policy.dtype, device=self.device)
+        ref.load_state_dict(policy.state_dict())
+        if resuming and k > 0:
+            weights = self.run.stage_end_state(k - 1)
+            if weights is None:
+                raise RuntimeError(
+                    f"grpo.beta > 0 needs the weights this run had when stage {k} ended (the KL reference of "
+                    f"stage {k + 1}), and the run did not keep them; resume with grpo.beta: 0 or train it again."
+                )
+            missing = set(weights) - set(dict(ref.named_parameters()))
+            if missing:
+                raise RuntimeError(f"the kept end of stage {k} does not fit the model ({sorted(missing)[:3]}).")
+            ref.load_state_dict(weights, strict=False)
+        ref.requires_grad_(False)
+        ref.eval()
+        return ref
+
     # -- one stage ---------------------------------------------------------------------------------
     def run_stage(self, k: int, offset: int, device: str, resume_from: str | None):
         cfg, run, reporter = self.cfg, self.run, self.reporter
@@ -503,6 +531,7 @@ class _Job:
 
         cb = _EngineCallback(cfg, k, offset, reporter, self.t_start, lambda: box.get("t"), self.observers)
         in_step = not distributed.active()  # see the module docstring: in-step stops are single-process
+        ref = self.reference_model(k, resume_from is not None) if cfg.grpo.beta > 0 else None
         trainer = CurriculumGRPOTrainer(
             model=self.model,
             processing_class=self.tok,
@@ -516,6 +545,7 @@ class _Job:
             checkpoint_hook=checkpoint_hook,
             should_abort=reporter.should_stop if in_step else None,
             on_activity=lambda act: _activity(reporter, step_activity(act, offset, in_step)),
+            ref_model=ref,
         )
         if "tensorboard" in args.report_to:  # one TensorBoard run per stage, inside the run folder
             from transformers.integrations import TensorBoardCallback
@@ -534,7 +564,7 @@ class _Job:
         if distributed.is_main():
             run.prune_checkpoints(self.cfg.run.keep_checkpoints)
         recent = list(trainer.recent_samples)
-        del trainer, box["t"]
+        del trainer, box["t"], ref
         restore_forward(self.model)
         gc.collect()
         return pool, recent, stop

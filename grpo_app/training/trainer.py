@@ -50,6 +50,13 @@ logging, checkpoints, resume — is TRL's own code):
    answers, docs/experiments.md), and GRPO can only reinforce what is sampled. Forced completions are marked
    with their span wherever completions are shown (step records: `forced`), and the share is charted.
    Compare, Try and exports never force anything: what is measured is what the model learned.
+9. With beta > 0, the KL term's reference is the policy as the stage began (the engine passes a frozen copy;
+   resumed inside a stage, the stage's start is read from the weights the run kept at the previous stage's
+   end). TRL would load the reference again from the model's hub id or folder: in a curriculum that is the
+   run's starting model in every stage, so later stages would be pulled back towards the base model, and a
+   model without a folder (the tests' tiny random one) could not have one. Per trainer this is TRL's own
+   rule, the reference is the model the trainer was given. With LoRA, TRL's reference is kept: the model
+   with its adapters off, i.e. the base model, in every stage.
 """
 
 from __future__ import annotations
@@ -252,6 +259,24 @@ def restore_forward(model) -> None:
     _unwrap_peft(model).__dict__.pop("forward", None)
 
 
+@contextlib.contextmanager
+def _reference_from(ref_model):
+    """While TRL's __init__ runs, its `create_model_from_path` (which builds the reference when beta > 0)
+    returns `ref_model` instead of loading a model; TRL then prepares it as its own (dropout off, fused LM head,
+    accelerator). Departure 9."""
+    import trl.trainer.grpo_trainer as grpo_module
+
+    if ref_model is None:
+        yield
+        return
+    original = grpo_module.create_model_from_path
+    grpo_module.create_model_from_path = lambda *a, **k: ref_model
+    try:
+        yield
+    finally:
+        grpo_module.create_model_from_path = original
+
+
 class CurriculumGRPOTrainer(GRPOTrainer):
     def __init__(
         self,
@@ -264,6 +289,7 @@ class CurriculumGRPOTrainer(GRPOTrainer):
         checkpoint_hook=None,
         should_abort=None,
         on_activity=None,
+        ref_model=None,
         **kwargs,
     ):
         self.ewc = ewc
@@ -280,7 +306,8 @@ class CurriculumGRPOTrainer(GRPOTrainer):
         self.gen_totals = {"seconds": 0.0, "tokens": 0, "completions": 0}
         self._forced_at: list[list[int]] = []  # 8. per row of the last generation: positions of forced tokens
         self._forced_chars: list[list[int] | None] = []  # 8. per row: [start, end) of the forced span in its text
-        super().__init__(*args, **kwargs)
+        with _reference_from(ref_model):  # 9. TRL would load the reference again from the model's hub id or path
+            super().__init__(*args, **kwargs)
         # The engine reports metrics itself; HF's printer would dump every log dict to stdout.
         from transformers.trainer_callback import PrinterCallback, ProgressCallback
 

@@ -1,0 +1,97 @@
+"""grpo.beta > 0: the KL term's reference is the policy as the stage began (trainer.py, departure 9), not the
+model TRL would load again from the run's starting folder (the base model, in every stage). Resumed inside a
+stage, the reference is rebuilt from the weights the run kept at the previous stage's end."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from grpo_app.core.config import load_config
+from grpo_app.core.run_folder import RunDir
+from grpo_app.training import engine
+
+
+def _cfg(tmp_path, *extra):
+    return load_config("tests/configs/tiny.yaml", [
+        f"run.output_dir={tmp_path}", "grpo.beta=0.04", "rewards.weights={text_length: 1.0}", *extra])
+
+
+class Refs:
+    """Records, at each trainer's construction, the reference TRL ended up with and the policy it was given."""
+
+    def __init__(self, monkeypatch):
+        self.seen = []
+        orig = engine.CurriculumGRPOTrainer.__init__
+
+        def init(tr, *a, **k):
+            policy = {n: p.detach().clone() for n, p in k["model"].named_parameters()}
+            orig(tr, *a, **k)
+            ref = {n: p.detach().clone() for n, p in tr.ref_model.named_parameters()}
+            self.seen.append((policy, ref, tr.ref_model is tr.model, any(p.requires_grad for p in tr.ref_model.parameters())))
+
+        monkeypatch.setattr(engine.CurriculumGRPOTrainer, "__init__", init)
+
+
+def _same(a: dict, b: dict, names=None) -> bool:
+    return all(torch.equal(a[n], b[n]) for n in (names or a))
+
+
+@pytest.mark.parametrize("ewc", [True, False])
+def test_each_stage_is_measured_against_the_policy_it_started_from(tmp_path, varied_reward, monkeypatch, ewc):
+    refs = Refs(monkeypatch)
+    cfg = _cfg(tmp_path, "run.save_every=0", f"ewc.enabled={str(ewc).lower()}")
+    rows = []
+
+    class Metrics(engine.Reporter):
+        def metrics(self, rec):
+            rows.append(rec)
+
+    assert engine.train(cfg, RunDir.create(tmp_path, cfg), reporter=Metrics()) == "completed"
+    (p1, r1, same1, grad1), (p2, r2, same2, grad2) = refs.seen
+    assert _same(r1, p1) and _same(r2, p2)  # a copy of the policy as each stage began
+    assert not (same1 or same2 or grad1 or grad2)  # a separate, frozen model
+    assert not _same(r2, r1)  # stage 2's reference is not the base model: stage 1 moved the weights
+    kl = [(m["stage"], m["kl"]) for m in rows]
+    assert [s for s, _ in kl] == [0, 0, 1, 1]
+    assert kl[0][1] == pytest.approx(0.0, abs=1e-7) and kl[2][1] == pytest.approx(0.0, abs=1e-7)  # first step: policy = reference
+    assert kl[1][1] > 1e-5  # ... and the KL is measured as the policy moves (against the base it would start > 0 in stage 2)
+
+
+@pytest.mark.parametrize("ewc", [True, False])
+def test_resumed_inside_a_stage_the_reference_is_the_kept_stage_start(tmp_path, varied_reward, monkeypatch, ewc):
+    cfg = _cfg(tmp_path, "run.save_every=1", "run.keep_checkpoints=10", "stages[1].steps=3",
+               f"ewc.enabled={str(ewc).lower()}")
+    run = RunDir.create(tmp_path, cfg)
+    assert engine.train(cfg, run) == "completed"
+    kept = run.stage_end_state(0)
+    assert kept, "the run keeps the end of stage 1"
+    # Back to the checkpoint after stage 2's first step, as if the process had died there.
+    for ck in (run.checkpoints_dir / "stage-1").glob("checkpoint-*"):
+        if ck.name != "checkpoint-1":
+            shutil.rmtree(ck)
+    shutil.rmtree(run.final_dir)
+    assert run.latest_checkpoint()["stage_index"] == 1 and run.latest_checkpoint()["stage_step"] == 1
+
+    refs = Refs(monkeypatch)
+    assert engine.train(cfg, run, resume=True) == "completed"
+    ((policy, ref, _, _),) = refs.seen
+    assert _same(kept, ref, kept)  # the stage's start, read from what the run kept (anchor or stage_ends/)
+    assert not _same(kept, policy, kept)  # while the policy still held the weights it was loaded with
+    frozen = set(ref) - set(kept)
+    assert frozen and _same(policy, ref, frozen)  # frozen weights (the embeddings) are the loaded model's
+
+
+def test_a_resume_that_cannot_rebuild_the_reference_says_so(tmp_path, varied_reward):
+    cfg = _cfg(tmp_path, "run.save_every=1", "run.keep_checkpoints=10", "stages[1].steps=3", "ewc.enabled=false")
+    run = RunDir.create(tmp_path, cfg)
+    assert engine.train(cfg, run) == "completed"
+    for ck in (run.checkpoints_dir / "stage-1").glob("checkpoint-*"):
+        if ck.name != "checkpoint-1":
+            shutil.rmtree(ck)
+    shutil.rmtree(run.final_dir)
+    shutil.rmtree(run.stage_ends_dir)  # a run that did not keep the end of stage 1
+    with pytest.raises(RuntimeError, match="needs the weights this run had when stage 1 ended"):
+        engine.train(cfg, run, resume=True)
