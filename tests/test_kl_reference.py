@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from grpo_app.core.config import load_config
+from grpo_app.core.config import ConfigError, load_config
 from grpo_app.core.run_folder import RunDir
 from grpo_app.training import engine
 
@@ -95,3 +95,25 @@ def test_a_resume_that_cannot_rebuild_the_reference_says_so(tmp_path, varied_rew
     shutil.rmtree(run.stage_ends_dir)  # a run that did not keep the end of stage 1
     with pytest.raises(RuntimeError, match="needs the weights this run had when stage 1 ended"):
         engine.train(cfg, run, resume=True)
+
+
+def test_a_stage_can_have_its_own_beta(tmp_path, varied_reward, monkeypatch):
+    cfg = _cfg(tmp_path, "run.save_every=0", "grpo.beta=0", "stages[1].beta=0.1")
+    assert (cfg.stage_beta(0), cfg.stage_beta(1)) == (0.0, 0.1)
+    given, rows = [], []
+    orig = engine.CurriculumGRPOTrainer.__init__
+
+    def init(tr, *a, **k):
+        given.append(k["ref_model"])
+        orig(tr, *a, **k)
+
+    class Metrics(engine.Reporter):
+        def metrics(self, rec):
+            rows.append(rec)
+
+    monkeypatch.setattr(engine.CurriculumGRPOTrainer, "__init__", init)
+    assert engine.train(cfg, RunDir.create(tmp_path, cfg), reporter=Metrics()) == "completed"
+    assert given[0] is None and given[1] is not None  # a reference model only where the stage's beta > 0
+    assert [m["kl"] is None for m in rows] == [True, True, False, False]
+    with pytest.raises(ConfigError, match="beta"):
+        _cfg(tmp_path, "stages[1].beta=-1")

@@ -284,6 +284,10 @@ class StageConfig:
         None, "This stage's EWC λ (how strongly it keeps what earlier stages taught; 0 = not at all). Empty = "
         "ewc.lam.", lo=0.0, hi=1e9,
     )
+    beta: float | None = _f(
+        None, "This stage's KL coefficient against the policy as the stage began (0 = no reference model). "
+        "Empty = grpo.beta.", lo=0.0, hi=10.0,
+    )
     replay: float = _f(
         0.0, "Share (0-0.9) of this stage's training problems replaced by problems of the earlier stages' pools "
         "(replay, the usual continual-learning baseline beside EWC). 0 = none.", lo=0.0, hi=0.9,
@@ -339,7 +343,7 @@ class StageConfig:
             e.append(("replay", f"is a share: {lo:g} to {hi:g} (got {self.replay:g})."))
         elif self.replay > 0 and cfg.stages and self is cfg.stages[0]:
             e.append(("replay", "the first stage has no earlier stage to replay; set it on a later stage."))
-        for name in ("learning_rate", "ewc_lam"):
+        for name in ("learning_rate", "ewc_lam", "beta"):
             value, (lo, hi) = getattr(self, name), field_bounds(StageConfig, name)
             if value is not None and not lo <= value <= hi:
                 e.append((name, f"must lie in {lo:g}..{hi:g} (got {value:g}), or be left empty for the run's value."))
@@ -712,6 +716,11 @@ class Config:
         """The EWC λ stage k trains under: its own `ewc_lam`, blank = ewc.lam (stage 1's never acts: nothing to keep)."""
         own = self.stages[k].ewc_lam
         return float(own if own is not None else self.ewc.lam)
+
+    def stage_beta(self, k: int) -> float:
+        """The KL coefficient stage k trains under: its own `beta`, blank = grpo.beta."""
+        own = self.stages[k].beta
+        return float(own if own is not None else self.grpo.beta)
 
     @property
     def micro_batch(self) -> int:

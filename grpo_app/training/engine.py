@@ -531,7 +531,7 @@ class _Job:
 
         cb = _EngineCallback(cfg, k, offset, reporter, self.t_start, lambda: box.get("t"), self.observers)
         in_step = not distributed.active()  # see the module docstring: in-step stops are single-process
-        ref = self.reference_model(k, resume_from is not None) if cfg.grpo.beta > 0 else None
+        ref = self.reference_model(k, resume_from is not None) if cfg.stage_beta(k) > 0 else None
         trainer = CurriculumGRPOTrainer(
             model=self.model,
             processing_class=self.tok,

@@ -243,6 +243,9 @@ def estimate_step(cfg: Config, machine: Machine | None = None) -> StepEstimate |
     }
     if cfg.ewc.enabled and len(cfg.stages) > 1 and not (cfg.ewc.offload and machine.device == "cpu"):
         held["EWC anchor + Fisher"] = 2 * trainable * f32
+    kl = any(cfg.stage_beta(k) > 0 for k in range(len(cfg.stages)))  # (the worst stage)
+    if kl and not cfg.model.lora:
+        held["KL reference model"] = params * f32  # a frozen copy of the policy (trainer.py, departure 9)
     kv_per_token = layers * 2 * kv * hd * f32
     sampling = {
         "KV cache": (rows * length + unique * plen) * kv_per_token,
@@ -271,7 +274,7 @@ def estimate_step(cfg: Config, machine: Machine | None = None) -> StepEstimate |
         sampling_s = gen_flops / (rate * _gen_util(rows))
         passes = 8 if g.gradient_checkpointing else 6  # FLOPs per parameter and token: forward 2, backward 4,
         # recompute 2. (Completions whose advantage is 0 are skipped in reality: not counted on, worst case.)
-        if g.beta > 0:
+        if kl:
             passes += 2  # the reference model's forward
         train_tokens = rows * length + unique * plen
         # frozen layers run their forward only (2 FLOPs per parameter and token)

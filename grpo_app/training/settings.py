@@ -48,7 +48,7 @@ def grpo_args(cfg: Config, stage_index: int, output_dir: Path, device: str, run_
         warmup_steps=g.warmup_steps,
         weight_decay=g.weight_decay,
         max_grad_norm=g.max_grad_norm if g.max_grad_norm > 0 else 1e9,
-        beta=g.beta,
+        beta=cfg.stage_beta(stage_index),  # (per stage)
         epsilon=g.epsilon,
         loss_type=g.loss_type,
         scale_rewards=g.scale_rewards,
