@@ -102,3 +102,11 @@ def test_a_training_step_goes_through_the_project_sampler_and_shared_prefix_pass
     assert tr.state.global_step == 1
     assert calls["sampler"] >= 1, "the step did not sample through generation.generate_completions"
     assert calls["shared_prefix"] >= 1, "the step's log-probs did not go through the shared-prefix pass"
+
+
+def test_trl_still_builds_its_kl_reference_through_create_model_from_path():
+    # Departure 9 hands TRL the stage's reference by standing in for this function while TRL's __init__ runs.
+    import trl.trainer.grpo_trainer as grpo_module
+
+    assert callable(getattr(grpo_module, "create_model_from_path", None))
+    assert "self.ref_model = create_model_from_path(" in inspect.getsource(GRPOTrainer.__init__)
