@@ -470,10 +470,9 @@ class _Job:
                     f"grpo.beta > 0 needs the weights this run had when stage {k} ended (the KL reference of "
                     f"stage {k + 1}), and the run did not keep them; resume with grpo.beta: 0 or train it again."
                 )
-            missing = set(weights) - set(dict(ref.named_parameters()))
-            if missing:
-                raise RuntimeError(f"the kept end of stage {k} does not fit the model ({sorted(missing)[:3]}).")
-            ref.load_state_dict(weights, strict=False)
+            unexpected = ref.load_state_dict(weights, strict=False).unexpected_keys
+            if unexpected:
+                raise RuntimeError(f"the kept end of stage {k} does not fit the model ({unexpected[:3]}).")
         ref.requires_grad_(False)
         ref.eval()
         return ref
