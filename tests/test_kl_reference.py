@@ -35,6 +35,29 @@ class Refs:
         monkeypatch.setattr(engine.CurriculumGRPOTrainer, "__init__", init)
 
 
+class Metrics(engine.Reporter):
+    """Keeps every step's metrics record."""
+
+    def __init__(self):
+        self.rows = []
+
+    def metrics(self, rec):
+        self.rows.append(rec)
+
+
+def _died_in_stage_two(tmp_path, *extra) -> tuple:
+    """A run trained to the end, then put back to its checkpoint after stage 2's first step, as if the process
+    had died there: (cfg, run)."""
+    cfg = _cfg(tmp_path, "run.save_every=1", "run.keep_checkpoints=10", "stages[1].steps=3", *extra)
+    run = RunDir.create(tmp_path, cfg)
+    assert engine.train(cfg, run) == "completed"
+    for ck in (run.checkpoints_dir / "stage-1").glob("checkpoint-*"):
+        if ck.name != "checkpoint-1":
+            shutil.rmtree(ck)
+    shutil.rmtree(run.final_dir)
+    return cfg, run
+
+
 def _same(a: dict, b: dict, names=None) -> bool:
     return all(torch.equal(a[n], b[n]) for n in (names or a))
 
@@ -43,13 +66,8 @@ def _same(a: dict, b: dict, names=None) -> bool:
 def test_each_stage_is_measured_against_the_policy_it_started_from(tmp_path, varied_reward, monkeypatch, ewc):
     refs = Refs(monkeypatch)
     cfg = _cfg(tmp_path, "run.save_every=0", f"ewc.enabled={str(ewc).lower()}")
-    rows = []
-
-    class Metrics(engine.Reporter):
-        def metrics(self, rec):
-            rows.append(rec)
-
-    assert engine.train(cfg, RunDir.create(tmp_path, cfg), reporter=Metrics()) == "completed"
+    rows = (reporter := Metrics()).rows
+    assert engine.train(cfg, RunDir.create(tmp_path, cfg), reporter=reporter) == "completed"
     (p1, r1, same1, grad1), (p2, r2, same2, grad2) = refs.seen
     assert _same(r1, p1) and _same(r2, p2)  # a copy of the policy as each stage began
     assert not (same1 or same2 or grad1 or grad2)  # a separate, frozen model
@@ -62,17 +80,9 @@ def test_each_stage_is_measured_against_the_policy_it_started_from(tmp_path, var
 
 @pytest.mark.parametrize("ewc", [True, False])
 def test_resumed_inside_a_stage_the_reference_is_the_kept_stage_start(tmp_path, varied_reward, monkeypatch, ewc):
-    cfg = _cfg(tmp_path, "run.save_every=1", "run.keep_checkpoints=10", "stages[1].steps=3",
-               f"ewc.enabled={str(ewc).lower()}")
-    run = RunDir.create(tmp_path, cfg)
-    assert engine.train(cfg, run) == "completed"
+    cfg, run = _died_in_stage_two(tmp_path, f"ewc.enabled={str(ewc).lower()}")
     kept = run.stage_end_state(0)
     assert kept, "the run keeps the end of stage 1"
-    # Back to the checkpoint after stage 2's first step, as if the process had died there.
-    for ck in (run.checkpoints_dir / "stage-1").glob("checkpoint-*"):
-        if ck.name != "checkpoint-1":
-            shutil.rmtree(ck)
-    shutil.rmtree(run.final_dir)
     assert run.latest_checkpoint()["stage_index"] == 1 and run.latest_checkpoint()["stage_step"] == 1
 
     refs = Refs(monkeypatch)
@@ -85,13 +95,7 @@ def test_resumed_inside_a_stage_the_reference_is_the_kept_stage_start(tmp_path, 
 
 
 def test_a_resume_that_cannot_rebuild_the_reference_says_so(tmp_path, varied_reward):
-    cfg = _cfg(tmp_path, "run.save_every=1", "run.keep_checkpoints=10", "stages[1].steps=3", "ewc.enabled=false")
-    run = RunDir.create(tmp_path, cfg)
-    assert engine.train(cfg, run) == "completed"
-    for ck in (run.checkpoints_dir / "stage-1").glob("checkpoint-*"):
-        if ck.name != "checkpoint-1":
-            shutil.rmtree(ck)
-    shutil.rmtree(run.final_dir)
+    cfg, run = _died_in_stage_two(tmp_path, "ewc.enabled=false")
     shutil.rmtree(run.stage_ends_dir)  # a run that did not keep the end of stage 1
     with pytest.raises(RuntimeError, match="needs the weights this run had when stage 1 ended"):
         engine.train(cfg, run, resume=True)
@@ -100,19 +104,15 @@ def test_a_resume_that_cannot_rebuild_the_reference_says_so(tmp_path, varied_rew
 def test_a_stage_can_have_its_own_beta(tmp_path, varied_reward, monkeypatch):
     cfg = _cfg(tmp_path, "run.save_every=0", "grpo.beta=0", "stages[1].beta=0.1")
     assert (cfg.stage_beta(0), cfg.stage_beta(1)) == (0.0, 0.1)
-    given, rows = [], []
+    given, rows = [], (reporter := Metrics()).rows
     orig = engine.CurriculumGRPOTrainer.__init__
 
     def init(tr, *a, **k):
         given.append(k["ref_model"])
         orig(tr, *a, **k)
 
-    class Metrics(engine.Reporter):
-        def metrics(self, rec):
-            rows.append(rec)
-
     monkeypatch.setattr(engine.CurriculumGRPOTrainer, "__init__", init)
-    assert engine.train(cfg, RunDir.create(tmp_path, cfg), reporter=Metrics()) == "completed"
+    assert engine.train(cfg, RunDir.create(tmp_path, cfg), reporter=reporter) == "completed"
     assert given[0] is None and given[1] is not None  # a reference model only where the stage's beta > 0
     assert [m["kl"] is None for m in rows] == [True, True, False, False]
     with pytest.raises(ConfigError, match="beta"):
