@@ -117,3 +117,42 @@ def test_a_stage_can_have_its_own_beta(tmp_path, varied_reward, monkeypatch):
     assert [m["kl"] is None for m in rows] == [True, True, False, False]
     with pytest.raises(ConfigError, match="beta"):
         _cfg(tmp_path, "stages[1].beta=-1")
+
+
+def test_replay_beta_puts_the_kl_term_on_replayed_problems_only(tmp_path, varied_reward, monkeypatch):
+    from grpo_app.core.data import stage_pool
+
+    cfg = _cfg(tmp_path, "run.save_every=0", "grpo.beta=0", "stages[1].replay=0.5", "stages[1].replay_beta=0.3",
+               "stages[1].steps=3")
+    assert (cfg.stage_beta(1), cfg.stage_replay_beta(1), cfg.stage_has_kl(0), cfg.stage_has_kl(1)) == (0, 0.3, False, True)
+    own = {p.id for p in stage_pool(cfg.stages[1], cfg.data, seed=cfg.data.seed + 1).problems}
+    seen, given, rows = [], [], (reporter := Metrics()).rows
+    orig_init, orig_gen = engine.CurriculumGRPOTrainer.__init__, engine.CurriculumGRPOTrainer._generate_and_score_completions
+
+    def init(tr, *a, **k):
+        given.append((k["ref_model"], k["args"].beta))
+        orig_init(tr, *a, **k)
+
+    def gen(tr, inputs):
+        out = orig_gen(tr, inputs)
+        seen.append(([x["problem_id"] for x in inputs], out.get("kl_beta")))
+        return out
+
+    monkeypatch.setattr(engine.CurriculumGRPOTrainer, "__init__", init)
+    monkeypatch.setattr(engine.CurriculumGRPOTrainer, "_generate_and_score_completions", gen)
+    assert engine.train(cfg, RunDir.create(tmp_path, cfg), reporter=reporter) == "completed"
+    assert given[0] == (None, 0.0) and given[1][0] is not None and given[1][1] == 0.3  # a reference in stage 2 only
+    assert all(b is None for _, b in seen[:2])  # stage 1: no KL term at all
+    pairs = [(pid in own, round(float(b), 6)) for ids, betas in seen[2:] for pid, b in zip(ids, betas)]
+    assert {b for is_own, b in pairs if is_own} == {0.0}  # the stage's own problems: beta 0
+    assert {b for is_own, b in pairs if not is_own} == {0.3}  # replayed ones: replay_beta
+    assert [m["kl"] is None for m in rows][:2] == [True, True] and rows[-1]["kl"] is not None
+
+
+def test_replay_beta_is_checked(tmp_path, varied_reward):
+    with pytest.raises(ConfigError, match="replay_beta.*set replay"):
+        _cfg(tmp_path, "stages[1].replay_beta=0.2")  # nothing replayed
+    with pytest.raises(ConfigError, match="replay_beta"):
+        _cfg(tmp_path, "stages[1].replay=0.3", "stages[1].replay_beta=11")
+    cfg = _cfg(tmp_path, "stages[1].replay=0.3")  # blank: the stage's beta on every row
+    assert cfg.stage_replay_beta(1) == cfg.stage_beta(1) == 0.04

@@ -566,3 +566,38 @@ def test_skipping_zero_advantage_rows_with_a_tool_mask_gives_identical_gradients
                 assert tr._metrics["train"]["skipped_zero_advantage"] == [3 / 6]
         for name in grads[0]:
             torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "bnpo", "dr_grpo"])
+def test_a_kl_coefficient_per_row_gives_trl_loss_with_the_kl_on_those_rows_only(tmp_path, tokenizer, loss_type):
+    """10. Rows 3-5 (replayed) under beta 0.3, rows 0-2 under 0: the same loss and gradients as TRL's, beta 0.3 on
+    every row, with rows 0-2's reference set to the policy itself (their KL term and its gradient then 0)."""
+    pi, pm, ci, cm = batch(tokenizer)
+    model = make_tiny(tokenizer)
+    freeze_embeddings(model)
+    tr = make_trainer(tmp_path, model, tokenizer, loss_type=loss_type)
+    tr.beta = 0.3
+    with torch.no_grad():
+        logps = tr._get_per_token_logps_and_entropies(model, torch.cat([pi, ci], 1), torch.cat([pm, cm], 1), ci.size(1))[0]
+    torch.manual_seed(2)
+    ref = logps + 0.5 * torch.randn_like(logps)
+    inputs = {"prompt_ids": pi, "prompt_mask": pm, "completion_ids": ci, "completion_mask": cm,
+              "advantages": torch.tensor([0.0, 1.2, -1.2, 0.7, 0.0, -0.7]), "num_items_in_batch": cm.sum()}
+    own_rows = torch.tensor([True, True, True, False, False, False])
+    results = []
+    for per_row in (True, False):
+        model.zero_grad(set_to_none=True)
+        if per_row:
+            given = {**inputs, "ref_per_token_logps": ref, "kl_beta": torch.tensor([0.0, 0, 0, 0.3, 0.3, 0.3])}
+        else:
+            given = {**inputs, "ref_per_token_logps": torch.where(own_rows[:, None], logps, ref)}
+        loss = tr._compute_loss(model, given)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (la, ga), (lb, gb) = results
+    torch.testing.assert_close(la, lb, rtol=1e-5, atol=1e-7)
+    assert ga.keys() == gb.keys() and ga
+    for n in ga:
+        torch.testing.assert_close(ga[n], gb[n], rtol=1e-4, atol=1e-7)
+    assert tr.beta == 0.3  # TRL's coefficient is put back
+    assert tr._metrics["train"]["skipped_zero_advantage"] == [1 / 3]  # the beta-0 part still skips its zero rows

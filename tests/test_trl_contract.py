@@ -25,7 +25,7 @@ from .test_trainer import make_trainer
 # Methods the subclass adds (not overrides): everything else it defines must exist on TRL's side.
 OWN_METHODS = {
     "_ewc_grad_hook", "_emit_groups", "_shared_prefix_logps", "_create_optimizer", "_set_activity", "_abort_requested",
-    "_check_abort", "_forced_span",
+    "_check_abort", "_forced_span", "_share", "_rows_loss",
 }
 
 
@@ -42,6 +42,7 @@ def test_the_list_of_overrides_is_what_the_trainer_documents():
     assert _overrides() == [
         "_compute_loss",
         "_generate",  # 8: the forced hint's tokens get 0 in TRL's tool_mask (force_answer_line_loss = mask)
+        "_generate_and_score_completions",  # 10: each row's KL coefficient (`kl_beta`) added to TRL's output
         "_generate_single_turn",
         "_get_output_dir",
         "_get_per_token_logps_and_entropies",

@@ -292,6 +292,12 @@ class StageConfig:
         0.0, "Share (0-0.9) of this stage's training problems replaced by problems of the earlier stages' pools "
         "(replay, the usual continual-learning baseline beside EWC). 0 = none.", lo=0.0, hi=0.9,
     )
+    replay_beta: float | None = _f(
+        None, "The KL coefficient on this stage's replayed problems only (against the policy as the stage began), "
+        "e.g. 0.2 with beta 0: the earlier stages' answers are held where they were while the stage's own problems "
+        "train without a KL brake (the idea of Learning without Forgetting, on GRPO's KL term). Needs replay > 0. "
+        "Empty = the stage's beta, the same on every problem.", lo=0.0, hi=10.0,
+    )
     reward_weights: dict = _f(
         {}, "This stage's reward weights, e.g. {correctness: 1.0, strict_format: 0.1}: rewards of rewards.weights "
         "re-weighted for this stage (a reward left out keeps its run weight). Empty = rewards.weights.",
@@ -343,7 +349,10 @@ class StageConfig:
             e.append(("replay", f"is a share: {lo:g} to {hi:g} (got {self.replay:g})."))
         elif self.replay > 0 and cfg.stages and self is cfg.stages[0]:
             e.append(("replay", "the first stage has no earlier stage to replay; set it on a later stage."))
-        for name in ("learning_rate", "ewc_lam", "beta"):
+        if self.replay_beta is not None and self.replay <= 0:
+            e.append(("replay_beta", "acts on replayed problems only and this stage replays none; set replay "
+                                     "(e.g. 0.3) or clear replay_beta (beta sets the KL on every problem)."))
+        for name in ("learning_rate", "ewc_lam", "beta", "replay_beta"):
             value, (lo, hi) = getattr(self, name), field_bounds(StageConfig, name)
             if value is not None and not lo <= value <= hi:
                 e.append((name, f"must lie in {lo:g}..{hi:g} (got {value:g}), or be left empty for the run's value."))
@@ -721,6 +730,15 @@ class Config:
         """The KL coefficient stage k trains under: its own `beta`, blank = grpo.beta."""
         own = self.stages[k].beta
         return float(own if own is not None else self.grpo.beta)
+
+    def stage_replay_beta(self, k: int) -> float:
+        """The KL coefficient on stage k's replayed problems: its `replay_beta`, blank = `stage_beta(k)`."""
+        own = self.stages[k].replay_beta
+        return float(own if own is not None else self.stage_beta(k))
+
+    def stage_has_kl(self, k: int) -> bool:
+        """Whether stage k has a KL term on any problem (and so a reference model)."""
+        return self.stage_beta(k) > 0 or (self.stages[k].replay > 0 and self.stage_replay_beta(k) > 0)
 
     @property
     def micro_batch(self) -> int:

@@ -47,7 +47,7 @@ from grpo_app.core.run_folder import RunDir
 from grpo_app.training.ewc import EWCState, compute_fisher
 from grpo_app.training.lean import layer_hooks, make_lean
 from grpo_app.training.sampler import SamplingParams, generate_completions, use_fast_attention
-from grpo_app.training.settings import grpo_args, trackers, trainer_settings
+from grpo_app.training.settings import grpo_args, kl_rows, trackers, trainer_settings
 from grpo_app.training.trainer import CurriculumGRPOTrainer, StepAborted, restore_forward
 
 
@@ -467,8 +467,9 @@ class _Job:
             weights = self.run.stage_end_state(k - 1)
             if weights is None:
                 raise RuntimeError(
-                    f"grpo.beta > 0 needs the weights this run had when stage {k} ended (the KL reference of "
-                    f"stage {k + 1}), and the run did not keep them; resume with grpo.beta: 0 or train it again."
+                    f"a KL term (beta or replay_beta > 0) needs the weights this run had when stage {k} ended "
+                    f"(the KL reference of stage {k + 1}), and the run did not keep them; resume with the stage's "
+                    "beta and replay_beta at 0, or train it again."
                 )
             unexpected = ref.load_state_dict(weights, strict=False).unexpected_keys
             if unexpected:
@@ -530,7 +531,7 @@ class _Job:
 
         cb = _EngineCallback(cfg, k, offset, reporter, self.t_start, lambda: box.get("t"), self.observers)
         in_step = not distributed.active()  # see the module docstring: in-step stops are single-process
-        ref = self.reference_model(k, resume_from is not None) if cfg.stage_beta(k) > 0 else None
+        ref = self.reference_model(k, resume_from is not None) if cfg.stage_has_kl(k) else None
         trainer = CurriculumGRPOTrainer(
             model=self.model,
             processing_class=self.tok,
@@ -545,6 +546,7 @@ class _Job:
             should_abort=reporter.should_stop if in_step else None,
             on_activity=lambda act: _activity(reporter, step_activity(act, offset, in_step)),
             ref_model=ref,
+            kl_rows=kl_rows(cfg, k, {p.id for p in problems if p.id not in own}),
         )
         if "tensorboard" in args.report_to:  # one TensorBoard run per stage, inside the run folder
             from transformers.integrations import TensorBoardCallback

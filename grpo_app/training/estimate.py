@@ -243,7 +243,7 @@ def estimate_step(cfg: Config, machine: Machine | None = None) -> StepEstimate |
     }
     if cfg.ewc.enabled and len(cfg.stages) > 1 and not (cfg.ewc.offload and machine.device == "cpu"):
         held["EWC anchor + Fisher"] = 2 * trainable * f32
-    kl = any(cfg.stage_beta(k) > 0 for k in range(len(cfg.stages)))  # (the worst stage)
+    kl = any(cfg.stage_has_kl(k) for k in range(len(cfg.stages)))  # (the worst stage)
     if kl and not cfg.model.lora:
         held["KL reference model"] = params * f32  # a frozen copy of the policy (trainer.py, departure 9)
     kv_per_token = layers * 2 * kv * hd * f32

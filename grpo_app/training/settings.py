@@ -48,7 +48,7 @@ def grpo_args(cfg: Config, stage_index: int, output_dir: Path, device: str, run_
         warmup_steps=g.warmup_steps,
         weight_decay=g.weight_decay,
         max_grad_norm=g.max_grad_norm if g.max_grad_norm > 0 else 1e9,
-        beta=cfg.stage_beta(stage_index),  # (per stage)
+        beta=stage_trl_beta(cfg, stage_index),  # (per stage; per row with replay_beta: trainer.py, 10)
         epsilon=g.epsilon,
         loss_type=g.loss_type,
         scale_rewards=g.scale_rewards,
@@ -104,6 +104,23 @@ def engine_options(cfg: Config) -> EngineOptions:
         optimizer=g.optimizer,
         merge_lora=cfg.model.lora_merge_for_generation,
     )
+
+
+def stage_trl_beta(cfg: Config, k: int) -> float:
+    """TRL's `beta` for stage k: the stage's own KL coefficient, or, when only its replayed problems have one,
+    theirs (TRL builds the reference model and its log-probabilities only when `beta` is not 0; the trainer
+    then applies each row's own coefficient, `kl_rows`)."""
+    own = cfg.stage_beta(k)
+    return own if own > 0 else (cfg.stage_replay_beta(k) if cfg.stages[k].replay > 0 else 0.0)
+
+
+def kl_rows(cfg: Config, k: int, replayed_ids) -> dict | None:
+    """`CurriculumGRPOTrainer`'s `kl_rows` for stage k: None when every row has the stage's KL coefficient, else
+    {"own": its beta, "replayed": its replay_beta, "ids": the problem ids replayed from earlier stages}."""
+    own, replayed = cfg.stage_beta(k), cfg.stage_replay_beta(k)
+    if own == replayed or not replayed_ids:
+        return None
+    return {"own": own, "replayed": replayed, "ids": frozenset(replayed_ids)}
 
 
 def trainer_settings(cfg: Config, k: int, reward_names: list[str]) -> dict:

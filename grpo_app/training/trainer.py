@@ -57,6 +57,14 @@ logging, checkpoints, resume — is TRL's own code):
    model without a folder (the tests' tiny random one) could not have one. Per trainer this is TRL's own
    rule, the reference is the model the trainer was given. With LoRA, TRL's reference is kept: the model
    with its adapters off, i.e. the base model, in every stage.
+10. With a stage's `replay_beta` unlike its `beta`, the KL coefficient is one per row (TRL has one per run):
+   the rows of problems replayed from earlier stages get `replay_beta`, the stage's own rows `beta` (e.g. 0:
+   a KL term that holds the earlier stages' answers where the stage began, the idea of Learning without
+   Forgetting, without braking the stage's own task). Each micro-batch's loss is TRL's, computed once per
+   coefficient on that coefficient's rows and summed with the rescale of 4 (the same number as one pass with a
+   per-row coefficient would give). TRL's logged `kl` is then the mean over the rows whose coefficient is not 0,
+   and its entropy and clip ratios are averaged over the parts rather than over all tokens at once. Single
+   process only (each process would hold a different number of rows per coefficient).
 """
 
 from __future__ import annotations
@@ -290,9 +298,11 @@ class CurriculumGRPOTrainer(GRPOTrainer):
         should_abort=None,
         on_activity=None,
         ref_model=None,
+        kl_rows: dict | None = None,
         **kwargs,
     ):
         self.ewc = ewc
+        self.kl_rows = kl_rows  # 10. {"own": beta, "replayed": beta, "ids": replayed problem ids}, or None
         self.ewc_clip_penalty = ewc_clip_penalty  # the config's ewc.clip_penalty (5)
         self.opts = engine_options or EngineOptions()
         self.on_group = on_group  # callable(dict) with the latest group, after each generation
@@ -313,6 +323,9 @@ class CurriculumGRPOTrainer(GRPOTrainer):
 
         self.remove_callback(PrinterCallback)
         self.remove_callback(ProgressCallback)
+        if kl_rows is not None and self.accelerator.num_processes > 1:
+            raise ValueError("a stage's replay_beta unlike its beta needs one process (each process would hold a "
+                             "different number of rows per coefficient); train on one, or set replay_beta = beta.")
         if reward_weights is not None:  # this stage's weights (TRL's reward_weights are one list per run)
             self.reward_weights = torch.tensor(reward_weights, dtype=torch.float32)
 
@@ -636,8 +649,39 @@ class CurriculumGRPOTrainer(GRPOTrainer):
         back = torch.argsort(torch.tensor([r for rows in buckets for r in rows], device=suffix.device))
         return torch.cat(logps).index_select(0, back), (torch.cat(ents).index_select(0, back) if compute_entropy else None)
 
-    # ---- 4 and 5. loss ------------------------------------------------------------------------------
-    def _compute_loss(self, model, inputs):
+    # ---- 4, 5 and 10. loss ---------------------------------------------------------------------------
+    def _generate_and_score_completions(self, inputs):
+        """10. Each row's KL coefficient, from the problem it was sampled for (`inputs` holds one row per completion)."""
+        out = super()._generate_and_score_completions(inputs)
+        if self.kl_rows is not None and out.get("ref_per_token_logps") is not None:
+            ids, own, rep = self.kl_rows["ids"], self.kl_rows["own"], self.kl_rows["replayed"]
+            betas = [rep if str(x.get("problem_id", "")) in ids else own for x in inputs]
+            out["kl_beta"] = torch.tensor(betas, dtype=torch.float32, device=out["advantages"].device)
+        return out
+
+    @staticmethod
+    def _rows(inputs: dict, idx: torch.Tensor) -> dict:
+        n = inputs["advantages"].size(0)
+        return {key: (v.index_select(0, idx) if torch.is_tensor(v) and v.dim() > 0 and v.size(0) == n else v)
+                for key, v in inputs.items()}
+
+    def _share(self, inputs: dict, idx: torch.Tensor):
+        """What TRL's loss over `idx`'s rows alone must be multiplied by to be their part of the loss over all rows
+        (dapo's normalizer already counts the whole generation batch)."""
+        n, k = inputs["advantages"].size(0), idx.numel()
+        if k == n:
+            return 1.0
+        if self.loss_type in ("grpo", "dr_grpo"):
+            return k / n
+        if self.loss_type == "bnpo":
+            m = inputs["completion_mask"]
+            if "tool_mask" in inputs:  # (8, mask: TRL's normalizer counts the tokens in the loss)
+                m = m * inputs["tool_mask"]
+            return m.index_select(0, idx).sum() / m.sum().clamp(min=1)
+        return 1.0
+
+    def _rows_loss(self, model, inputs):
+        """4. TRL's loss, skipping the rows whose advantage is 0 where that changes nothing."""
         mode = "train" if self.model.training else "eval"
         can_skip = (
             self.opts.skip_zero_advantage
@@ -650,7 +694,6 @@ class CurriculumGRPOTrainer(GRPOTrainer):
             # every parameter in each backward: with several processes every row is computed.
             and self.accelerator.num_processes == 1
         )
-        loss = None
         if can_skip:
             adv = inputs["advantages"]
             keep = adv != 0
@@ -658,23 +701,27 @@ class CurriculumGRPOTrainer(GRPOTrainer):
             self._metrics[mode]["skipped_zero_advantage"].append((n - k) / max(n, 1))
             if k == 0:
                 first = next(p for p in model.parameters() if p.requires_grad)
-                loss = first.sum() * 0.0
-            elif k < n:
+                return first.sum() * 0.0
+            if k < n:
                 idx = keep.nonzero(as_tuple=True)[0]
-                sub = {
-                    key: (v.index_select(0, idx) if torch.is_tensor(v) and v.dim() > 0 and v.size(0) == n else v)
-                    for key, v in inputs.items()
-                }
-                loss = super()._compute_loss(model, sub)
-                if self.loss_type in ("grpo", "dr_grpo"):
-                    loss = loss * (k / n)
-                elif self.loss_type == "bnpo":
-                    m = inputs["completion_mask"]
-                    if "tool_mask" in inputs:  # (8, mask: TRL's normalizer counts the tokens in the loss)
-                        m = m * inputs["tool_mask"]
-                    loss = loss * (m.index_select(0, idx).sum() / m.sum().clamp(min=1))
-        if loss is None:
-            loss = super()._compute_loss(model, inputs)
+                return super()._compute_loss(model, self._rows(inputs, idx)) * self._share(inputs, idx)
+        return super()._compute_loss(model, inputs)
+
+    def _compute_loss(self, model, inputs):
+        mode = "train" if self.model.training else "eval"
+        betas = inputs.get("kl_beta")
+        if betas is None:
+            loss = self._rows_loss(model, inputs)
+        else:  # 10. one part per KL coefficient
+            loss, beta = None, self.beta
+            try:
+                for value in sorted(set(betas.tolist())):
+                    idx = (betas == value).nonzero(as_tuple=True)[0]
+                    self.beta = value
+                    part = self._rows_loss(model, self._rows(inputs, idx)) * self._share(inputs, idx)
+                    loss = part if loss is None else loss + part
+            finally:
+                self.beta = beta
         if self.ewc is not None and self.ewc.active and mode == "train" and self._ewc_step != self.state.global_step:
             # Parameters do not change inside an accumulation window: add the term (and its gradient) once.
             self._ewc_step = self.state.global_step
