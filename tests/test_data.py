@@ -317,6 +317,8 @@ def test_replay_mixes_a_share_of_the_earlier_stages_problems_in():
     mixed = with_replay(cfg.stages, 1, cfg.data, 5, own)
     assert len(mixed) == len(own) == 16
     assert sum(p.id in earlier for p in mixed) == 4  # a quarter, from stage 1's pool
+    # in training order, spread evenly: every four prompts hold one (a short stage trains on a prefix)
+    assert [sum(p.id in earlier for p in mixed[i:i + 4]) for i in range(0, 16, 4)] == [1, 1, 1, 1]
     assert {p.id for p in mixed} - earlier <= {p.id for p in own}
     assert [p.id for p in with_replay(cfg.stages, 1, cfg.data, 5, own)] == [p.id for p in mixed]  # seeded
     assert with_replay(cfg.stages, 0, cfg.data, 5, own) == own  # stage 1 has nothing to replay

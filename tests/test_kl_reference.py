@@ -147,6 +147,9 @@ def test_replay_beta_puts_the_kl_term_on_replayed_problems_only(tmp_path, varied
     assert {b for is_own, b in pairs if is_own} == {0.0}  # the stage's own problems: beta 0
     assert {b for is_own, b in pairs if not is_own} == {0.3}  # replayed ones: replay_beta
     assert [m["kl"] is None for m in rows][:2] == [True, True] and rows[-1]["kl"] is not None
+    # replay 0.5 of 2 prompts a step: each step of stage 2 trains on exactly one replayed problem (the trainer
+    # keeps with_replay's order, where replayed problems are spread evenly)
+    assert [len({pid for pid in ids if pid not in own}) for ids, _ in seen[2:]] == [1, 1, 1]
 
 
 def test_replay_beta_is_checked(tmp_path, varied_reward):

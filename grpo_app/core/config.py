@@ -491,7 +491,9 @@ class GRPOSettings:
     shuffle_prompts: bool = _f(
         True,
         "Draw each step's prompts from the stage's problems in a shuffled order (TRL's shuffle_dataset). Off: in "
-        "the pool's own order (bench/step_speed.py gives TRL and the engine the same prompts in the same order).",
+        "the pool's own order (bench/step_speed.py gives TRL and the engine the same prompts in the same order). "
+        "A stage with replay is never shuffled again: its list is already shuffled, with the replayed problems "
+        "spread evenly so that every step holds the share.",
     )
     skip_zero_advantage: bool = _f(
         True,

@@ -606,17 +606,26 @@ def question_key(question: str) -> str:
 
 def with_replay(stages, k: int, data_cfg, seed: int, own: list[Problem]) -> list[Problem]:
     """Stage k's training problems with `stages[k].replay` of them replaced by problems drawn (with `seed`) from
-    the earlier stages' pools, drawn as those stages drew them; the replayed ones are spread through the list.
-    Replay is the standard continual-learning baseline beside EWC (issue 42)."""
+    the earlier stages' pools, drawn as those stages drew them. Replay is the standard continual-learning
+    baseline beside EWC (issue 42).
+
+    The list is in training order (the trainer does not shuffle a replay stage again, `settings.grpo_args`):
+    the stage's own problems shuffled with `seed`, the replayed ones spread evenly among them, so that every
+    stretch of prompts holds the share, each step's and the first `steps x prompts_per_step` a short stage trains
+    on. (Shuffled together instead, an 8-step stage of 32 prompts from a pool of 512 at a share of 0.3 trained on
+    2 to 11 replayed problems, not about 10: docs/experiments.md.)"""
     share = float(getattr(stages[k], "replay", 0.0) or 0.0)
     if share <= 0 or k == 0 or not own:
         return list(own)
     earlier = [p for j in range(k) for p in stage_pool(stages[j], data_cfg, seed=data_cfg.seed + j).problems]
-    n_replay = min(len(earlier), round(share * len(own)))
+    n, n_replay = len(own), min(len(earlier), round(share * len(own)))
     rng = random.Random(seed)
-    mixed = own[: len(own) - n_replay] + rng.sample(earlier, n_replay)
-    rng.shuffle(mixed)
-    return mixed
+    kept = own[: n - n_replay]
+    rng.shuffle(kept)
+    replayed, kept = iter(rng.sample(earlier, n_replay)), iter(kept)
+    # Position i holds a replayed problem where the running count floor(i * n_replay / n) steps up: exactly
+    # n_replay positions, evenly spaced (any m consecutive prompts hold m * share of them, rounded up or down).
+    return [next(replayed) if (i + 1) * n_replay // n > i * n_replay // n else next(kept) for i in range(n)]
 
 
 HELDOUT_SEED_OFFSET = 1_000_003  # reasoning-gym derives item i from seed + i: keep far from training seeds

@@ -487,7 +487,9 @@ class _Job:
             self.ewc.lam = cfg.stage_ewc_lam(k)
         active_ewc = self.ewc if (self.ewc is not None and self.ewc.active) else None
         args = grpo_args(cfg, k, run.checkpoints_dir / f"stage-{k}", device, run_name=f"{run.id}-stage{k + 1}")
-        problems = with_replay(cfg.stages, k, cfg.data, cfg.data.seed + 7919 * (k + 1), pool.problems)
+        # (the run's seed too: a replay stage is not shuffled by TRL, whose shuffle follows the run's seed)
+        problems = with_replay(cfg.stages, k, cfg.data, cfg.data.seed + 7919 * (k + 1) + 104729 * cfg.run.seed,
+                               pool.problems)
         own = {p.id for p in pool.problems}
         reporter.event(
             "stage_start",

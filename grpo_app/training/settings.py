@@ -72,7 +72,7 @@ def grpo_args(cfg: Config, stage_index: int, output_dir: Path, device: str, run_
         log_completions=False,
         remove_unused_columns=False,
         dataloader_num_workers=0,
-        shuffle_dataset=g.shuffle_prompts,
+        shuffle_dataset=g.shuffle_prompts and not stage.replay,  # (a replay stage is in training order: data.with_replay)
         optim="adamw_torch",
     )
 
