@@ -355,7 +355,8 @@ class StageConfig:
         for name in ("learning_rate", "ewc_lam", "beta", "replay_beta"):
             value, (lo, hi) = getattr(self, name), field_bounds(StageConfig, name)
             if value is not None and not lo <= value <= hi:
-                e.append((name, f"must lie in {lo:g}..{hi:g} (got {value:g}), or be left empty for the run's value."))
+                blank = "the stage's beta" if name == "replay_beta" else "the run's value"
+                e.append((name, f"must lie in {lo:g}..{hi:g} (got {value:g}), or be left empty for {blank}."))
         for rname, weight in (self.reward_weights or {}).items():
             if rname not in (cfg.rewards.weights or {}):
                 e.append(("reward_weights", f"{_show(rname)} is not among rewards.weights; add it there (weight 0 "
