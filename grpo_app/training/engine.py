@@ -491,6 +491,7 @@ class _Job:
         problems = with_replay(cfg.stages, k, cfg.data, cfg.data.seed + 7919 * (k + 1) + 104729 * cfg.run.seed,
                                pool.problems)
         own = {p.id for p in pool.problems}
+        replayed = {p.id for p in problems if p.id not in own}
         reporter.event(
             "stage_start",
             stage=k,
@@ -502,7 +503,7 @@ class _Job:
             ewc=active_ewc is not None,
             device=device,
             precision="bfloat16 autocast" if args.bf16 else "float32",
-            **({"replayed": sum(1 for p in problems if p.id not in own)} if stage.replay else {}),
+            **({"replayed": len(replayed)} if stage.replay else {}),
         )
         reporter.status(stage=k, stage_name=stage.name, phase=f"stage {k + 1}/{len(cfg.stages)}: {stage.name}")
         _activity(reporter, f"the set-up of stage {k + 1} (none of its steps has begun)")
@@ -548,7 +549,7 @@ class _Job:
             should_abort=reporter.should_stop if in_step else None,
             on_activity=lambda act: _activity(reporter, step_activity(act, offset, in_step)),
             ref_model=ref,
-            kl_rows=kl_rows(cfg, k, {p.id for p in problems if p.id not in own}),
+            kl_rows=kl_rows(cfg, k, replayed),
         )
         if "tensorboard" in args.report_to:  # one TensorBoard run per stage, inside the run folder
             from transformers.integrations import TensorBoardCallback

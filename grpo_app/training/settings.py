@@ -111,7 +111,7 @@ def stage_trl_beta(cfg: Config, k: int) -> float:
     theirs (TRL builds the reference model and its log-probabilities only when `beta` is not 0; the trainer
     then applies each row's own coefficient, `kl_rows`)."""
     own = cfg.stage_beta(k)
-    return own if own > 0 else (cfg.stage_replay_beta(k) if cfg.stages[k].replay > 0 else 0.0)
+    return own if own > 0 else (cfg.stage_replay_beta(k) if cfg.stage_has_kl(k) else 0.0)
 
 
 def kl_rows(cfg: Config, k: int, replayed_ids) -> dict | None:

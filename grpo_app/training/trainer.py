@@ -662,6 +662,8 @@ class CurriculumGRPOTrainer(GRPOTrainer):
     @staticmethod
     def _rows(inputs: dict, idx: torch.Tensor) -> dict:
         n = inputs["advantages"].size(0)
+        if idx.numel() == n:  # (every row: a step without replayed problems has one coefficient)
+            return inputs
         return {key: (v.index_select(0, idx) if torch.is_tensor(v) and v.dim() > 0 and v.size(0) == n else v)
                 for key, v in inputs.items()}
 
