@@ -277,3 +277,22 @@ def test_group_advantages_match_trl_on_random_rewards():
     groups = [{"completions": ["x"] * 8, "rewards": {n: table[n][g] for n in names}} for g in range(6)]
     r = what_if(groups[2], weights, scale_rewards="batch", batch_groups=groups)
     assert torch.equal(torch.tensor(r["advantages"]), ((rewards - mean) / (std_b + 1e-4))[16:24])
+
+
+def test_forced_hint_spans_and_the_loss_mode_are_kept_in_the_record(tmp_path):
+    """Departure 8: the record keeps where the trainer wrote the hint (Answers across training and the CLI mark
+    it from there), cut with its text; groups without a hint carry no spans."""
+    from grpo_app.runs.step_history import forced_span
+
+    snap = _snapshot(1, text="y" * 300)
+    snap["forced_loss"] = "train"
+    snap["groups"][0]["forced"] = [None, [10, 16], [98, 104], [150, 156]]
+    snap["groups"][1]["forced"] = [None] * 4
+    run = RunDir(tmp_path / "r")
+    run.path.mkdir()
+    run.append_step(snap, max_chars=100)
+    rec = run.steps()[0]
+    assert rec["forced_loss"] == "train"
+    g0, g1 = rec["groups"]
+    assert [forced_span(g0, i) for i in range(4)] == [None, (10, 16), (98, 100), None]  # the last was cut away
+    assert "forced" not in g1

@@ -7,6 +7,7 @@ from datasets import Dataset
 from grpo_app.core.config import load_config
 from grpo_app.core.models import freeze_embeddings
 from grpo_app.core.rewards import build_rewards
+from grpo_app.core.run_folder import step_record
 from grpo_app.training.ewc import EWCState, compute_fisher
 from grpo_app.training.lean import layer_hooks, make_lean
 from grpo_app.training.sampler import use_fast_attention
@@ -528,6 +529,8 @@ def test_forced_hint_is_marked_in_the_step_record_and_masked_out_of_the_loss_on_
     g = snaps[0]["groups"][0]
     assert snaps[0]["forced_loss"] == mode and len(g["forced"]) == 4
     assert all(g["completions"][i][a:b] == "\n####" for i, (a, b) in enumerate(g["forced"]))
+    rec = step_record({**snaps[0], "step": 1, "stage": 0})  # what steps.jsonl keeps of it
+    assert rec["forced_loss"] == mode and rec["groups"][0]["forced"] == [list(s) for s in g["forced"]]
 
     adv = torch.tensor([1.0, -1.0, 0.5, -0.25])
     tr._compute_loss(model, {**out, "advantages": adv}).backward()

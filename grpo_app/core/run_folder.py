@@ -488,7 +488,8 @@ def checkpoint_problem(folder: Path) -> str | None:
 
 def step_record(snapshot: dict, max_chars: int = STEPS_MAX_CHARS) -> dict:
     """One steps.jsonl line from a step snapshot (`trainer._emit_groups` + the engine's stage fields):
-    completions cut to `max_chars` characters (counted in 'clipped'), the system prompt left out."""
+    completions cut to `max_chars` characters (counted in 'clipped'), the system prompt left out. A group with
+    forced answer-line hints keeps their spans ('forced', cut with the text) and the record the loss mode."""
     clipped = 0
 
     def cut(text) -> str:
@@ -499,6 +500,16 @@ def step_record(snapshot: dict, max_chars: int = STEPS_MAX_CHARS) -> dict:
             return text[:max_chars] + "…"
         return text
 
+    def span(s):  # trainer.py, departure 8: where the hint was written, as far as the cut text holds it
+        if not (isinstance(s, (list, tuple)) and len(s) == 2):
+            return None
+        a, b = int(s[0]), min(int(s[1]), max_chars)
+        return [a, b] if 0 <= a < b else None
+
+    def spans(forced) -> dict:
+        kept = [span(s) for s in forced or []]
+        return {"forced": kept} if any(kept) else {}
+
     groups = [
         {
             "problem_id": g.get("problem_id", ""),
@@ -506,10 +517,11 @@ def step_record(snapshot: dict, max_chars: int = STEPS_MAX_CHARS) -> dict:
             "answer": g.get("answer", ""),
             "completions": [cut(c) for c in g.get("completions") or []],
             **{k: g[k] for k in ("difficulty", "rewards", "totals", "mean", "std", "advantages") if k in g},
+            **spans(g.get("forced")),
         }
         for g in snapshot.get("groups") or []
     ]
-    keys = ("step", "stage", "stage_name", "stage_step", "weights", "scale_rewards")
+    keys = ("step", "stage", "stage_name", "stage_step", "weights", "scale_rewards", "forced_loss")
     rec = {k: snapshot[k] for k in keys if k in snapshot}
     return {**rec, "time": time.time(), "groups": groups, "clipped": clipped}
 
