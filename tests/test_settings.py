@@ -15,6 +15,7 @@ TRANSLATED = {
     "max_grad_norm": "0 (= no clipping) becomes 1e9",
     "learning_rate": "a stage's own learning rate wins (goal 3 of issue 42)",
     "gradient_checkpointing": "the engine's own layer recompute (prepare_model); TRL's stays off",
+    "warmup_steps": "a stage's own warm-up wins",
 }
 
 
@@ -55,3 +56,48 @@ def test_no_other_module_builds_trls_config_or_the_engine_options():
     builders = sorted(str(p.relative_to(pkg)) for p in pkg.rglob("*.py")
                       if ("GRPOConfig(" in p.read_text() or "EngineOptions(" in p.read_text()))
     assert builders == ["training/settings.py", "training/trainer.py"], builders  # trainer: its default only
+
+
+@pytest.mark.parametrize("schedule", ["constant", "linear", "cosine"])
+def test_a_warm_up_is_applied_with_every_schedule_and_a_stage_may_have_its_own(tmp_path, schedule):
+    """grpo.warmup_steps rises from 0 with every schedule (transformers' "constant" ignores a warm-up: the engine
+    asks for "constant_with_warmup"); a stage's own warmup_steps wins, blank = the run's. The learning rates are
+    those of the scheduler TRL's Trainer builds from these arguments (`Trainer.create_scheduler`'s call)."""
+    import torch
+    from transformers import get_scheduler
+
+    cfg = load_config("tests/configs/tiny.yaml", [f"grpo.lr_scheduler={schedule}", "grpo.warmup_steps=2",
+                                                  "grpo.learning_rate=1e-4", "stages[0].steps=6"])
+
+    def rates(c, k=0):
+        args = grpo_args(c, k, tmp_path, "cpu")
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=args.learning_rate)
+        sched = get_scheduler(args.lr_scheduler_type, opt, num_warmup_steps=args.get_warmup_steps(args.max_steps),
+                              num_training_steps=args.max_steps, scheduler_specific_kwargs=args.lr_scheduler_kwargs)
+        out = []
+        for _ in range(args.max_steps):  # the rate each optimizer step uses
+            out.append(round(opt.param_groups[0]["lr"] / 1e-4, 6))
+            opt.step()
+            sched.step()
+        return out
+
+    assert rates(cfg)[:3] == [0.0, 0.5, 1.0]
+    assert rates(load_config("tests/configs/tiny.yaml", [f"grpo.lr_scheduler={schedule}", "grpo.learning_rate=1e-4",
+                                                         "stages[0].steps=6"]))[0] == 1.0  # no warm-up: full rate
+    own = load_config("tests/configs/tiny.yaml", [f"grpo.lr_scheduler={schedule}", "grpo.warmup_steps=2",
+                                                  "grpo.learning_rate=1e-4", "stages[0].steps=6",
+                                                  "stages[0].warmup_steps=4"])
+    assert own.stage_warmup_steps(0) == 4 and rates(own)[:5] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    if schedule == "constant":
+        assert rates(cfg)[2:] == [1.0] * 4
+
+
+def test_a_stage_warm_up_is_checked():
+    from grpo_app.core.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"warmup_steps.*not below the stage's steps"):
+        load_config("tests/configs/tiny.yaml", ["stages[0].steps=3", "stages[0].warmup_steps=3"])
+    with pytest.raises(ConfigError, match="warmup_steps"):
+        load_config("tests/configs/tiny.yaml", ["stages[0].warmup_steps=-1"])
+    with pytest.raises(ConfigError, match="warmup_steps"):
+        load_config("tests/configs/tiny.yaml", ["grpo.warmup_steps=-1"])

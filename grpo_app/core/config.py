@@ -284,6 +284,11 @@ class StageConfig:
         None, "This stage's EWC λ (how strongly it keeps what earlier stages taught; 0 = not at all). Empty = "
         "ewc.lam.", lo=0.0, hi=1e9,
     )
+    warmup_steps: int | None = _f(
+        None, "This stage's warm-up: its learning rate rises linearly from 0 over its first steps (each stage starts a "
+        "fresh Adam, whose first updates move every weight by about the full learning rate in the sign of one "
+        "step's gradient; a warm-up damps them). Empty = grpo.warmup_steps.", lo=0, hi=5000,
+    )
     beta: float | None = _f(
         None, "This stage's KL coefficient against the policy as the stage began (0 = no reference model). "
         "Empty = grpo.beta.", lo=0.0, hi=10.0,
@@ -352,7 +357,10 @@ class StageConfig:
         if self.replay_beta is not None and self.replay <= 0:
             e.append(("replay_beta", "acts on replayed problems only and this stage replays none; set replay "
                                      "(e.g. 0.3) or clear replay_beta (beta sets the KL on every problem)."))
-        for name in ("learning_rate", "ewc_lam", "beta", "replay_beta"):
+        if self.warmup_steps is not None and self.warmup_steps >= self.steps:
+            e.append(("warmup_steps", f"({self.warmup_steps}) is not below the stage's steps ({self.steps}): the stage "
+                                      "would never train at its learning rate; lower it or leave it empty."))
+        for name in ("learning_rate", "ewc_lam", "warmup_steps", "beta", "replay_beta"):
             value, (lo, hi) = getattr(self, name), field_bounds(StageConfig, name)
             if value is not None and not lo <= value <= hi:
                 blank = "the stage's beta" if name == "replay_beta" else "the run's value"
@@ -457,7 +465,10 @@ class GRPOSettings:
     top_k: int = _f(0, "Top-k sampling during training (0 = off).")
     learning_rate: float = _f(1e-5, "AdamW learning rate (above 0, at most 0.01).", lo=0.0, hi=1e-2)
     lr_scheduler: str = _f("constant", "Learning-rate schedule: constant, linear or cosine.")
-    warmup_steps: int = _f(0, "Warm-up steps of each stage.")
+    warmup_steps: int = _f(
+        0, "Warm-up steps of each stage: the learning rate rises linearly from 0 over them (with every schedule; "
+        "a stage's own warmup_steps wins).", lo=0, hi=5000,
+    )
     weight_decay: float = _f(0.0, "AdamW weight decay.")
     max_grad_norm: float = _f(1.0, "Gradient clipping norm (0 = off).")
     beta: float = _f(
@@ -564,6 +575,8 @@ class GRPOSettings:
         for name in ("warmup_steps", "weight_decay", "beta"):
             if getattr(self, name) < 0:
                 e.append((name, "must be 0 or more."))
+        if self.warmup_steps > (w_hi := field_bounds(GRPOSettings, "warmup_steps")[1]):
+            e.append(("warmup_steps", f"must be at most {w_hi} (got {self.warmup_steps})."))
         if self.max_grad_norm < 0:
             e.append(("max_grad_norm", "must be 0 (off) or positive."))
         if not 0 < self.epsilon < 1:
@@ -728,6 +741,11 @@ class Config:
         """The EWC λ stage k trains under: its own `ewc_lam`, blank = ewc.lam (stage 1's never acts: nothing to keep)."""
         own = self.stages[k].ewc_lam
         return float(own if own is not None else self.ewc.lam)
+
+    def stage_warmup_steps(self, k: int) -> int:
+        """The warm-up steps stage k starts with: its own `warmup_steps`, blank = grpo.warmup_steps."""
+        own = self.stages[k].warmup_steps
+        return int(own if own is not None else self.grpo.warmup_steps)
 
     def stage_beta(self, k: int) -> float:
         """The KL coefficient stage k trains under: its own `beta`, blank = grpo.beta."""

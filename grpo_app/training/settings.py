@@ -35,6 +35,7 @@ def grpo_args(cfg: Config, stage_index: int, output_dir: Path, device: str, run_
     g = cfg.grpo
     micro, accum = cfg.micro_batch, cfg.accumulation_steps
     stage = cfg.stages[stage_index]
+    warmup = cfg.stage_warmup_steps(stage_index)
     return GRPOConfig(
         output_dir=str(output_dir),
         per_device_train_batch_size=micro,
@@ -44,8 +45,9 @@ def grpo_args(cfg: Config, stage_index: int, output_dir: Path, device: str, run_
         max_completion_length=g.max_completion_length,
         max_steps=stage.steps,
         learning_rate=stage.learning_rate if stage.learning_rate is not None else g.learning_rate,  # (per stage)
-        lr_scheduler_type=g.lr_scheduler,
-        warmup_steps=g.warmup_steps,
+        # (transformers' "constant" ignores warmup_steps: with a warm-up it is "constant_with_warmup")
+        lr_scheduler_type="constant_with_warmup" if g.lr_scheduler == "constant" and warmup else g.lr_scheduler,
+        warmup_steps=warmup,  # (per stage)
         weight_decay=g.weight_decay,
         max_grad_norm=g.max_grad_norm if g.max_grad_norm > 0 else 1e9,
         beta=stage_trl_beta(cfg, stage_index),  # (per stage; per row with replay_beta: trainer.py, 10)
