@@ -387,3 +387,24 @@ def test_the_gsm8k_preset_trains_what_the_measured_cpu_run_trained():
         sides.append(d)
     assert sides[0] == sides[1]
     assert rec["train"]["steps"] == preset.stages[0].steps == 18
+
+
+def test_stability_noise_is_the_exact_chance_of_a_read_loss_under_no_change():
+    """bench/stability_noise.py: with D discordant problems each flipping either way at 1/2, a loss of more than
+    3 points on 100 problems needs (before-only minus after-only) >= 4."""
+    from bench.stability_noise import analyse, p_fail_if_kept
+
+    assert p_fail_if_kept(1, 1, 100, 3) == 0.0  # two flips can read at most -2 points
+    assert p_fail_if_kept(2, 2, 100, 3) == 1 / 16  # all four against
+    assert p_fail_if_kept(3, 3, 100, 3) == 7 / 64  # six: 6-0 or 5-1 against
+    assert p_fail_if_kept(3, 3, 150, 3) == 1 / 64  # on 150 problems only 6-0 reads a loss over 3 points
+    assert p_fail_if_kept(3, 3, 200, 3) == 0.0  # on 200 even 6-0 reads 3 points, not more
+    cell = {"n": 100, "accuracy": 0.5}
+    matrix = {"run_id": "r", "tasks": [{"name": "a"}, {"name": "b"}],
+              "rows": [[cell, cell], [{**cell, "vs_before": {"only_before": 2, "only_after": 2}}, cell],
+                       [{**cell, "vs_before": {"only_before": 5, "only_after": 1}},
+                        {**cell, "vs_before": {"only_before": 3, "only_after": 3}}]]}
+    res = analyse(matrix, 3)
+    assert [(c["after_stage"], c["task"], c["change_points"], c["discordant"]) for c in res["cells"]] == \
+        [(2, 1, 0.0, 4), (3, 1, -4.0, 6), (3, 2, 0.0, 6)]
+    assert res["p_all_pass_if_kept"] == round((1 - 1 / 16) * (1 - 7 / 64) ** 2, 4)
