@@ -35,7 +35,7 @@ def p_fail_if_kept(only_before: int, only_after: int, n: int, bar: float) -> flo
 
 
 def analyse(matrix: dict, bar: float) -> dict:
-    cells = []
+    cells, tasks = [], matrix.get("tasks") or []
     for k, row in enumerate(matrix.get("rows") or []):
         for j, cell in enumerate(row):
             vb = cell.get("vs_before") if j < k else None
@@ -45,7 +45,7 @@ def analyse(matrix: dict, bar: float) -> dict:
             cells.append({
                 "after_stage": k + 1,
                 "task": j + 1,
-                "task_name": (matrix.get("tasks") or [{}] * (j + 1))[j].get("name", ""),
+                "task_name": tasks[j].get("name", "") if j < len(tasks) else "",
                 "change_points": round(100.0 * (c - b) / n, 1),
                 "discordant": b + c,
                 "n": n,

@@ -357,14 +357,16 @@ class StageConfig:
         if self.replay_beta is not None and self.replay <= 0:
             e.append(("replay_beta", "acts on replayed problems only and this stage replays none; set replay "
                                      "(e.g. 0.3) or clear replay_beta (beta sets the KL on every problem)."))
-        if self.warmup_steps is not None and self.warmup_steps >= self.steps:
-            e.append(("warmup_steps", f"({self.warmup_steps}) is not below the stage's steps ({self.steps}): the stage "
-                                      "would never train at its learning rate; lower it or leave it empty."))
+        out_of_bounds = set()
         for name in ("learning_rate", "ewc_lam", "warmup_steps", "beta", "replay_beta"):
             value, (lo, hi) = getattr(self, name), field_bounds(StageConfig, name)
             if value is not None and not lo <= value <= hi:
+                out_of_bounds.add(name)
                 blank = "the stage's beta" if name == "replay_beta" else "the run's value"
                 e.append((name, f"must lie in {lo:g}..{hi:g} (got {value:g}), or be left empty for {blank}."))
+        if self.warmup_steps is not None and "warmup_steps" not in out_of_bounds and self.warmup_steps >= self.steps:
+            e.append(("warmup_steps", f"({self.warmup_steps}) is not below the stage's steps ({self.steps}): the stage "
+                                      "would never train at its learning rate; lower it or leave it empty."))
         for rname, weight in (self.reward_weights or {}).items():
             if rname not in (cfg.rewards.weights or {}):
                 e.append(("reward_weights", f"{_show(rname)} is not among rewards.weights; add it there (weight 0 "
@@ -572,11 +574,12 @@ class GRPOSettings:
             e.append(("learning_rate", f"{self.learning_rate} is far too large for fine-tuning; use 1e-6 to 5e-5."))
         if self.lr_scheduler not in ("constant", "linear", "cosine"):
             e.append(("lr_scheduler", "must be constant, linear or cosine."))
-        for name in ("warmup_steps", "weight_decay", "beta"):
+        for name in ("weight_decay", "beta"):
             if getattr(self, name) < 0:
                 e.append((name, "must be 0 or more."))
-        if self.warmup_steps > (w_hi := field_bounds(GRPOSettings, "warmup_steps")[1]):
-            e.append(("warmup_steps", f"must be at most {w_hi} (got {self.warmup_steps})."))
+        w_lo, w_hi = field_bounds(GRPOSettings, "warmup_steps")
+        if not w_lo <= self.warmup_steps <= w_hi:
+            e.append(("warmup_steps", f"must be {w_lo} to {w_hi} (got {self.warmup_steps})."))
         if self.max_grad_norm < 0:
             e.append(("max_grad_norm", "must be 0 (off) or positive."))
         if not 0 < self.epsilon < 1:
