@@ -36,10 +36,13 @@ def test_every_shared_name_reaches_trl_unchanged_and_sizes_come_from_the_config(
 
 def test_engine_options_take_the_config_names_and_the_ewc_flag_is_not_inverted():
     cfg = load_config("tests/configs/tiny.yaml", ["grpo.force_answer_line=0.25", "grpo.force_answer_line_loss=mask",
+                                                   "grpo.force_answer_line_run_on=false",
                                                    "grpo.skip_zero_advantage=false", "ewc.clip_penalty=true"])
     opts = engine_options(cfg)
     same = [f.name for f in dataclasses.fields(EngineOptions) if hasattr(cfg.grpo, f.name)]
-    assert {"force_answer_line", "force_answer_line_loss", "skip_zero_advantage", "stop_at_answer"} <= set(same)
+    assert {"force_answer_line", "force_answer_line_loss", "force_answer_line_run_on", "skip_zero_advantage",
+            "stop_at_answer"} <= set(same)
+    assert opts.force_answer_line_run_on is False
     for name in same:
         assert getattr(opts, name) == getattr(cfg.grpo, name), name
     kw = trainer_settings(cfg, 0, list(cfg.rewards.weights))

@@ -498,6 +498,13 @@ class GRPOSettings:
         "own tokens, with the answer's advantage) or mask (left out of the loss: the model learns only from the "
         "tokens it sampled after the hint).",
     )
+    force_answer_line_run_on: bool = _f(
+        True,
+        "Whether force_answer_line also finishes an answer that is run on at the end of a line ('134.#### 134', "
+        "no line of its own): true (it gets '\\n####' like an ending with no answer) or false (only endings with "
+        "no '####' at all are forced; a run-on is scored as the model wrote it, so it loses the strict format "
+        "reward every time).",
+    )
     fast_generation: bool = _f(True, "Use the project's CPU sampler instead of HF generate (same model, faster).")
     share_prompt_prefix: bool = _f(
         True, "In the training pass, run each group's prompt once and reuse its keys/values for the G completions."

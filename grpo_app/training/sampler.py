@@ -19,7 +19,8 @@ forward (so any HF causal LM works: Llama, Qwen2, ...) and replaces only what is
 * rows that finished (EOS, or a complete final-answer line when `stop_at_answer`) leave the batch;
 * with `force_answer_line` (a training option, off by default), a share of the rows that would end without
   a '#### <number>' line get its start, "\n####", in place of their EOS and go on sampling: the policy
-  writes the number. Those forced tokens were not sampled (see trainer.py, departure 8).
+  writes the number (with `force_run_on` False, not the rows whose answer is already there, run on at the end
+  of a line). Those forced tokens were not sampled (see trainer.py, departure 8).
 
 `generate_completions` returns token ids (without EOS), why each row stopped, and the end token a row sampled.
 """
@@ -34,7 +35,7 @@ from transformers.cache_utils import DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from grpo_app.core.answers import has_final_line
+from grpo_app.core.answers import extract_final_answer, has_final_line
 
 ATTN_IMPL = "grpo_cpu"
 
@@ -295,6 +296,9 @@ class SamplingParams:
     # Share of rows that end (EOS) without a final-answer line and then get one begun for them: "\n####" is
     # written in place of the EOS and the row samples on (the number, then a stop). 0 = off. Training only.
     force_answer_line: float = 0.0
+    # With force_run_on False, a row whose text already holds a '####' answer, run on at the end of a line
+    # ('134.#### 134'), is not forced: it ends as sampled. Only rows with no '####' answer get the hint.
+    force_run_on: bool = True
 
 
 @dataclass
@@ -378,6 +382,14 @@ class _AnswerLineDetector:
 
 
 _DETECTORS: dict[int, _AnswerLineDetector] = {}
+
+
+def _force_wanted(text: str, params: SamplingParams) -> bool:
+    """Whether a row that sampled its end token lacks the answer line the hint writes: it has no final
+    '#### <number>' line, and (unless `force_run_on`) no '####' answer anywhere, run on or not."""
+    if has_final_line(text):
+        return False
+    return params.force_run_on or extract_final_answer(text) is None
 
 
 def answer_line_start(tokenizer) -> list[int]:
@@ -554,7 +566,7 @@ def generate_completions(
                         forced_ids
                         and r not in forced_rows
                         and float(_uniform(1, gen, torch.device("cpu"))[0]) < params.force_answer_line
-                        and not has_final_line(tokenizer.decode(results[r], skip_special_tokens=True))
+                        and _force_wanted(tokenizer.decode(results[r], skip_special_tokens=True), params)
                     ):
                         forced_rows.add(r)
                         t = toks[j] = forced_ids[0]

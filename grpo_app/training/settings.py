@@ -101,6 +101,7 @@ def engine_options(cfg: Config) -> EngineOptions:
         bucket_lengths=g.bucket_lengths,
         force_answer_line=g.force_answer_line,
         force_answer_line_loss=g.force_answer_line_loss,
+        force_answer_line_run_on=g.force_answer_line_run_on,
         top_k=g.top_k,
         recent_samples=max(cfg.ewc.fisher_samples * 4, 64),
         optimizer=g.optimizer,

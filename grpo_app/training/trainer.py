@@ -49,7 +49,10 @@ logging, checkpoints, resume — is TRL's own code):
    trained. Why force at all: the answer line is a rare event for the embedded model (~1% of sampled
    answers, docs/experiments.md), and GRPO can only reinforce what is sampled. Forced completions are marked
    with their span wherever completions are shown (step records: `forced`), and the share is charted.
-   Compare, Try and exports never force anything: what is measured is what the model learned.
+   Compare, Try and exports never force anything: what is measured is what the model learned. An answer run
+   on at the end of a line ('134.#### 134') has no line of its own, so it is forced too, and the hint then
+   earns it the whole format reward; with `force_answer_line_run_on = False` only endings with no '####'
+   answer are forced, and a run-on is scored as written (it loses the strict format reward every time).
 9. With beta > 0, the KL term's reference is the policy as the stage began (the engine passes a frozen copy;
    resumed inside a stage, the stage's start is read from the weights the run kept at the previous stage's
    end). TRL would load the reference again from the model's hub id or folder: in a curriculum that is the
@@ -118,6 +121,7 @@ class EngineOptions:
     bucket_overhead: int = 64  # what one more bucket costs, in padded positions (see length_buckets)
     force_answer_line: float = 0.0  # share of line-less endings given "\n####" to finish (8)
     force_answer_line_loss: str = "train"  # "train" the forced tokens like sampled ones, or "mask" them out (8)
+    force_answer_line_run_on: bool = True  # also force endings whose answer is run on, '134.#### 134' (8)
 
 
 def _unwrap_peft(model):
@@ -408,6 +412,7 @@ class CurriculumGRPOTrainer(GRPOTrainer):
             top_k=self.opts.top_k,
             stop_at_answer=self.opts.stop_at_answer,
             force_answer_line=self.opts.force_answer_line,
+            force_run_on=self.opts.force_answer_line_run_on,
             # each process samples its own prompts with its own stream
             seed=self.args.seed * 1_000_003 + self.state.global_step + 7919 * self.accelerator.process_index,
         )
