@@ -215,12 +215,12 @@ def test_a_row_that_already_wrote_its_answer_line_is_not_forced(tiny_model, toke
 
 
 def test_a_run_on_answer_is_forced_only_when_asked(tiny_model, tokenizer, monkeypatch):
-    """force_run_on False: an ending that holds a '####' answer run on at the end of a line ('134.#### 134') is
+    """force_answer_line_run_on False: an ending that holds a '####' answer run on at the end of a line ('134.#### 134') is
     left as sampled (so the format reward sees it); one with no '####' answer still gets the hint."""
     import grpo_app.training.sampler as generation
     from grpo_app.training.sampler import _force_wanted
 
-    on, off = SamplingParams(force_answer_line=1.0), SamplingParams(force_answer_line=1.0, force_run_on=False)
+    on, off = SamplingParams(force_answer_line=1.0), SamplingParams(force_answer_line=1.0, force_answer_line_run_on=False)
     for text, want_on, want_off in (("3 + 4 = 7.#### 7", True, False), ("so 134 ####134", True, False),
                                     ("3 + 4 = 7", True, True), ("", True, True),
                                     ("3 + 4 = 7\n#### 7", False, False), ("#### 7\n", False, False)):
@@ -231,9 +231,9 @@ def test_a_run_on_answer_is_forced_only_when_asked(tiny_model, tokenizer, monkey
                                  eos_token_ids=[-1]).completion_ids[0][0]
     monkeypatch.setattr(generation, "extract_final_answer", lambda text: "7")
     kept = SamplingParams(max_new_tokens=8, temperature=0, stop_at_answer=False, force_answer_line=1.0,
-                          force_run_on=False)
+                          force_answer_line_run_on=False)
     out = generate_completions(tiny_model, tokenizer, p * 2, kept, eos_token_ids=[first])
     assert out.completion_ids == [[], []] and out.stop_reasons == ["eos", "eos"] and out.extra["forced_rows"] == []
-    kept.force_run_on = True
+    kept.force_answer_line_run_on = True
     out = generate_completions(tiny_model, tokenizer, p * 2, kept, eos_token_ids=[first])
     assert out.extra["forced_rows"] == [0, 1]

@@ -19,7 +19,7 @@ forward (so any HF causal LM works: Llama, Qwen2, ...) and replaces only what is
 * rows that finished (EOS, or a complete final-answer line when `stop_at_answer`) leave the batch;
 * with `force_answer_line` (a training option, off by default), a share of the rows that would end without
   a '#### <number>' line get its start, "\n####", in place of their EOS and go on sampling: the policy
-  writes the number (with `force_run_on` False, not the rows whose answer is already there, run on at the end
+  writes the number (with `force_answer_line_run_on` False, not the rows whose answer is already there, run on at the end
   of a line). Those forced tokens were not sampled (see trainer.py, departure 8).
 
 `generate_completions` returns token ids (without EOS), why each row stopped, and the end token a row sampled.
@@ -296,9 +296,9 @@ class SamplingParams:
     # Share of rows that end (EOS) without a final-answer line and then get one begun for them: "\n####" is
     # written in place of the EOS and the row samples on (the number, then a stop). 0 = off. Training only.
     force_answer_line: float = 0.0
-    # With force_run_on False, a row whose text already holds a '####' answer, run on at the end of a line
+    # With force_answer_line_run_on False, a row whose text already holds a '####' answer, run on at the end of a line
     # ('134.#### 134'), is not forced: it ends as sampled. Only rows with no '####' answer get the hint.
-    force_run_on: bool = True
+    force_answer_line_run_on: bool = True
 
 
 @dataclass
@@ -386,10 +386,10 @@ _DETECTORS: dict[int, _AnswerLineDetector] = {}
 
 def _force_wanted(text: str, params: SamplingParams) -> bool:
     """Whether a row that sampled its end token lacks the answer line the hint writes: it has no final
-    '#### <number>' line, and (unless `force_run_on`) no '####' answer anywhere, run on or not."""
+    '#### <number>' line, and (unless `force_answer_line_run_on`) no '####' answer anywhere, run on or not."""
     if has_final_line(text):
         return False
-    return params.force_run_on or extract_final_answer(text) is None
+    return params.force_answer_line_run_on or extract_final_answer(text) is None
 
 
 def answer_line_start(tokenizer) -> list[int]:

@@ -412,7 +412,7 @@ class CurriculumGRPOTrainer(GRPOTrainer):
             top_k=self.opts.top_k,
             stop_at_answer=self.opts.stop_at_answer,
             force_answer_line=self.opts.force_answer_line,
-            force_run_on=self.opts.force_answer_line_run_on,
+            force_answer_line_run_on=self.opts.force_answer_line_run_on,
             # each process samples its own prompts with its own stream
             seed=self.args.seed * 1_000_003 + self.state.global_step + 7919 * self.accelerator.process_index,
         )
