@@ -82,3 +82,41 @@ def test_a_draw_sent_before_a_slider_moved_keeps_the_move(tmp_path):
     pick(page, 0)
     box = draw(page, 0, run.id, 4, *run_w)[-(N + 3):]
     assert box[N + 1] == 2 and advantages(box[N + 2]) == ["+0.71", "-0.71"]
+
+
+def test_a_late_run_list_refresh_keeps_the_run_picked_meanwhile(tmp_path):
+    """A tab click (or a page load) asks for the run lists with the values the page had then; under load the
+    answer can land after the user picked another run (CI failure of 2026-11-29, test_browser's stage x task
+    matrix drawn without its second run). A value that is still a run is left to the page; only a gone one is
+    replaced."""
+    import time
+
+    root = tmp_path / "runs"
+    runs = []
+    for _ in range(2):
+        run = RunDir.create(root, load_config("quick"))
+        run.final_dir.mkdir(parents=True)
+        (run.final_dir / "config.json").write_text("{}")
+        runs.append(run.id)
+        time.sleep(1.1)  # run ids are per second
+    older, newest = runs
+    demo = ui_app.build_app(runs_dir=root, configs_dir="tests/configs/app", default_preset="tiny-app")
+
+    def refresh_of(*elem_ids):
+        for bf in demo.fns.values():
+            if getattr(bf.fn, "__name__", "") == "refresh" and [getattr(c, "elem_id", None) for c in bf.outputs][: len(elem_ids)] == list(elem_ids):
+                return bf.fn
+        raise AssertionError(f"no refresh writes {elem_ids}")
+
+    compare = refresh_of("compare-run", "matrix-other")
+    run_u, other_u = compare(None, "")  # a new page: no run yet, nothing beside it
+    assert run_u["value"] == newest and "value" not in other_u and other_u["choices"] == ["", newest, older]
+    run_u, other_u = compare(newest, "")  # asked at a tab click; the user picks runs before it lands
+    assert "value" not in run_u and "value" not in other_u and run_u["choices"] == [newest, older]
+    run_u, other_u = compare("gone-run", "gone-too")  # deleted meanwhile: replaced
+    assert run_u["value"] == newest and other_u["value"] == ""
+
+    try_run = refresh_of("try-run")
+    assert "value" not in try_run(older) and try_run(None)["value"] == newest
+    runs_tab = refresh_of("runs-table", "runs-pick")
+    assert "value" not in runs_tab(older)[1] and runs_tab("gone-run")[1]["value"] == newest

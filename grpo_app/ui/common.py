@@ -40,6 +40,15 @@ def follow_job(studio, job, watcher, every: float = 0.5):
         time.sleep(every)
 
 
+def keep_pick(current, choices: list, fallback):
+    """A run dropdown's refreshed choices. A refresh carries the value the page had when it was asked for (a tab
+    click, a page load) and may land after the user picked another run, so a value that is still a choice is left
+    as the page now has it (only the choices change); only a value that is gone is replaced by `fallback`."""
+    if current in choices:
+        return gr.update(choices=choices)
+    return gr.update(choices=choices, value=fallback)
+
+
 def slot(messages: list[str] | None):
     """Update for a per-control error slot: visible with the messages, hidden when there are none."""
     if not messages:

@@ -18,7 +18,7 @@ from grpo_app.export.downloads import write_text_export
 from grpo_app.runs.job_queue import DONE, QueueFullError
 from grpo_app.ui import render
 from grpo_app.ui.charts import matrix_figure, passk_figure
-from grpo_app.ui.common import follow_job, guard, plot
+from grpo_app.ui.common import follow_job, guard, keep_pick, plot
 from grpo_app.ui.forms import FormError
 from grpo_app.ui.studio import Studio, difficulty_json
 
@@ -240,8 +240,7 @@ def create_compare_tab(studio: Studio) -> CompareTab:
 
     def refresh(current, other):
         ids = studio.runs.run_ids(with_model=True)
-        return (gr.update(choices=ids, value=current if current in ids else (ids[0] if ids else None)),
-                gr.update(choices=["", *ids], value=other if other in ids else ""))
+        return keep_pick(current, ids, ids[0] if ids else None), keep_pick(other, ["", *ids], "")
 
     return CompareTab(refresh_fn=refresh, refresh_inputs=[run, matrix_other], refresh_outputs=[run, matrix_other])
 

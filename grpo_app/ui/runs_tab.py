@@ -16,7 +16,7 @@ from grpo_app.runs.job_queue import DONE, QueueFullError
 from grpo_app.runs.monitor import resumable
 from grpo_app.runs.side_by_side import MAX_RUNS, OVERLAY_METRICS
 from grpo_app.ui import render
-from grpo_app.ui.common import follow_job, guard, plot
+from grpo_app.ui.common import follow_job, guard, keep_pick, plot
 from grpo_app.ui.forms import FormError
 from grpo_app.ui.studio import TRAIN_CHARTS, Studio
 
@@ -121,8 +121,8 @@ def create_runs_tab(studio: Studio) -> RunsTab:
     @guard("list the runs")
     def refresh(current):
         ids = studio.runs.run_ids()
-        keep = current if current in ids else (ids[0] if ids else None)  # newest run opens by itself
-        return render.run_rows(studio.runs.run_summaries()), gr.update(choices=ids, value=keep), gr.update(choices=ids)
+        newest = ids[0] if ids else None  # the newest run opens by itself
+        return render.run_rows(studio.runs.run_summaries()), keep_pick(current, ids, newest), gr.update(choices=ids)
 
     refresh_btn.click(refresh, [pick], [table, pick, side], api_name="runs", concurrency_limit=None,
                       show_progress="hidden")

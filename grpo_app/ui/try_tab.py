@@ -14,7 +14,7 @@ import gradio as gr
 from grpo_app.core.models import ModelError
 from grpo_app.evaluation.ask import finish, stream_answers
 from grpo_app.ui import render
-from grpo_app.ui.common import guard
+from grpo_app.ui.common import guard, keep_pick
 from grpo_app.ui.forms import FormError
 from grpo_app.ui.studio import Studio
 
@@ -146,7 +146,7 @@ def create_try_tab(studio: Studio) -> TryTab:
 
     def refresh(current):
         ids = studio.runs.run_ids(with_model=True)
-        return gr.update(choices=ids, value=current if current in ids else (ids[0] if ids else None))
+        return keep_pick(current, ids, ids[0] if ids else None)
 
     return TryTab(refresh_fn=refresh, refresh_inputs=[run], refresh_outputs=[run])
 
