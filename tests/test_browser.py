@@ -144,7 +144,7 @@ def test_stage_task_matrix_beside_a_run_without_ewc(page, server, shots):
     side by side, with intervals on hover and the transfer sentences under them."""
     client = server.client()
     ids = {}
-    for ewc in (True, False):
+    for ewc in (False, True):  # the EWC run last: the newest run, the one the Compare tab opens on
         wait_idle(client)
         msg = client.predict(
             *start_args(preset="tiny-short", completion_length=16, ewc=ewc, run_name=f"matrix-{'ewc' if ewc else 'plain'}",
@@ -157,8 +157,8 @@ def test_stage_task_matrix_beside_a_run_without_ewc(page, server, shots):
     page.reload()
     page.wait_for_selector("#start-btn")
     page.get_by_role("tab", name="Compare").click()
-    page.fill("#compare-run input", ids[True])
-    page.press("#compare-run input", "Enter")
+    # the page load's run list has landed (it opens the newest run); a later one keeps what the user picks
+    wait_for(lambda: page.input_value("#compare-run input") == ids[True], 60, what="the Compare tab's run list")
     page.fill("#matrix-other input", ids[False])
     page.press("#matrix-other input", "Enter")
     page.fill("#matrix-n input", "4")
