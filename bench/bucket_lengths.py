@@ -10,10 +10,13 @@ micro-batch per `micro_batch_size` rows in order (a setting may change it: with 
 have fewer forwards and less padding). No optimizer step, so every setting sees the same weights.
 The settings take turns on every step (a slow minute of the host hits them all alike); the JSON gives
 each one's total seconds and positions run, and the ratio to the first setting. A setting ending in
-'/whole' has the layer recompute redo each MLP's down projection, as before 2026-11-26 (`lean._GateUpFunction`).
+'/whole' has the layer recompute redo each MLP's down projection, as before 2026-11-26 (`lean._GateUpFunction`);
+one ending in '/keep' recomputes nothing: every layer keeps its activations for backward
+(`grpo.gradient_checkpointing: false`).
 
     python bench/bucket_lengths.py --run models/runs/RUN --settings off,0,16,32,64,64@32 --out assets/bucket_lengths.json
     python bench/bucket_lengths.py --run models/runs/RUN --settings 64,64/whole --out assets/recompute_split.json
+    python bench/bucket_lengths.py --run models/runs/RUN --config progressive --settings 64,64/keep --every 2
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from grpo_app.core.config import load_config  # noqa: E402
 from grpo_app.core.prompts import prompt_ids  # noqa: E402
 from grpo_app.core.rewards import build_rewards  # noqa: E402
 from grpo_app.training.engine import prepare_model  # noqa: E402
+from grpo_app.training.lean import decoder_layers  # noqa: E402
 from grpo_app.training.settings import grpo_args  # noqa: E402
 from grpo_app.training.trainer import CurriculumGRPOTrainer, EngineOptions, restore_forward  # noqa: E402
 
@@ -74,14 +78,16 @@ def micro_batches(rows: list[tuple], micro: int, pad: int) -> list[dict]:
     return out
 
 
-def parse_setting(text: str, default_micro: int) -> tuple[bool, int, int, bool]:
-    """'off' | 'OVERHEAD' | either with '@MICRO' and/or '/whole' -> (bucket_lengths, bucket_overhead, micro-batch
-    size, split MLP). '/whole': the recompute redoes each MLP's down projection, as it did before 2026-11-26
-    (lean's whole-MLP function instead of the split one, `lean._GateUpFunction`)."""
+def parse_setting(text: str, default_micro: int) -> tuple[bool, int, int, bool, bool]:
+    """'off' | 'OVERHEAD' | either with '@MICRO' and/or '/whole' or '/keep' -> (bucket_lengths, bucket_overhead,
+    micro-batch size, split MLP, layer recompute). '/whole': the recompute redoes each MLP's down projection, as
+    it did before 2026-11-26 (lean's whole-MLP function instead of the split one, `lean._GateUpFunction`).
+    '/keep': no layer recompute at all (each layer keeps its activations, as with gradient_checkpointing off)."""
+    text, keep, _ = text.partition("/keep")
     text, whole, _ = text.partition("/whole")
     head, _, micro = text.partition("@")
     micro = int(micro) if micro else default_micro
-    return (False, 0, micro, not whole) if head == "off" else (True, int(head), micro, not whole)
+    return (head != "off", 0 if head == "off" else int(head), micro, not whole, not keep)
 
 
 def main() -> None:
@@ -101,11 +107,12 @@ def main() -> None:
     steps = step_rows(run / "steps.jsonl", tok, cfg.data.system_prompt, a.every)
     funcs, _ = build_rewards(cfg.rewards.weights)
     ds = Dataset.from_list([{"prompt": [{"role": "user", "content": "1+1?"}], "answer": "2"}] * 8)
-    trainers, micro_of, split_of = {}, {}, {}
+    trainers, micro_of, split_of, recompute_of = {}, {}, {}, {}
     mlps = [m for m in model.modules() if hasattr(m, "_grpo_split_down")]
+    layers = [m for m in decoder_layers(model) if hasattr(m, "_grpo_recompute")]
     with tempfile.TemporaryDirectory() as tmp:
         for s in settings:
-            bucket, overhead, micro, split_of[s] = parse_setting(s, cfg.micro_batch)
+            bucket, overhead, micro, split_of[s], recompute_of[s] = parse_setting(s, cfg.micro_batch)
             scfg = copy.deepcopy(cfg)
             scfg.grpo.micro_batch_size = micro
             restore_forward(model)
@@ -122,8 +129,11 @@ def main() -> None:
                 seen: list[int] = []
                 hook = model.model.embed_tokens.register_forward_hook(
                     lambda m, args, o, seen=seen: seen.append(args[0].numel()))
+                recompute = recompute_of[s] and cfg.grpo.gradient_checkpointing
+                for layer in layers:
+                    layer._grpo_recompute = recompute
                 for m in mlps:
-                    m._grpo_split_down = split_of[s] and cfg.grpo.gradient_checkpointing
+                    m._grpo_split_down = split_of[s] and recompute
                 mbs = micro_batches(rows, micro_of[s], tok.pad_token_id)
                 t0 = time.perf_counter()
                 for mb in mbs:

@@ -233,8 +233,10 @@ def test_bucket_lengths_bench_rebuilds_the_training_pass_micro_batches():
     assert mbs[1]["prompt_ids"].tolist() == [[0, 0, 4]] and mbs[1]["prompt_mask"].tolist() == [[0, 0, 1]]
     assert all(mb["num_items_in_batch"].item() == 3 + 1 + 5 + 2 for mb in mbs)
     assert len(micro_batches(rows[1:2] + rows[3:], 2, pad=0)) == 0  # nothing to train on: no micro-batch
-    assert parse_setting("off", 8) == (False, 0, 8, True) and parse_setting("64@32", 8) == (True, 64, 32, True)
-    assert parse_setting("64/whole", 8) == (True, 64, 8, False) and parse_setting("off@16/whole", 8) == (False, 0, 16, False)
+    assert parse_setting("off", 8) == (False, 0, 8, True, True) and parse_setting("64@32", 8) == (True, 64, 32, True, True)
+    assert parse_setting("64/whole", 8) == (True, 64, 8, False, True)
+    assert parse_setting("off@16/whole", 8) == (False, 0, 16, False, True)
+    assert parse_setting("64/keep", 8) == (True, 64, 8, True, False)  # no layer recompute
 
 
 def _gsm8k_rows(n: int) -> list[str]:
