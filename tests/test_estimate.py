@@ -148,8 +148,10 @@ def test_more_trained_layers_than_the_model_has_are_refused_before_a_run_folder_
 def test_a_kl_term_in_any_stage_counts_the_reference_models_weights_and_forward():
     """A stage with its own beta > 0 holds a frozen copy of the policy (trainer.py, departure 9) and runs its
     forward over the step's tokens: the estimate carries both, for the worst stage."""
-    plain = E.estimate_step(load_config("progressive"), REFERENCE)
-    kl = E.estimate_step(load_config("progressive", ["stages[2].beta=0.2"]), REFERENCE)
-    assert "KL reference model" not in plain.memory_parts
-    assert kl.memory_parts["KL reference model"] == plain.memory_parts["weights"]
-    assert kl.training_seconds / plain.training_seconds == pytest.approx(10 / 8, rel=0.02)  # + a forward (2 of 8)
+    for recompute, passes in ((True, 8), (False, 6)):  # FLOPs per parameter and token: forward 2, backward 4, recompute 2
+        gc = f"grpo.gradient_checkpointing={str(recompute).lower()}"
+        plain = E.estimate_step(load_config("progressive", [gc]), REFERENCE)
+        kl = E.estimate_step(load_config("progressive", [gc, "stages[2].beta=0.2"]), REFERENCE)
+        assert "KL reference model" not in plain.memory_parts
+        assert kl.memory_parts["KL reference model"] == plain.memory_parts["weights"]
+        assert kl.training_seconds / plain.training_seconds == pytest.approx((passes + 2) / passes, rel=0.02)  # + a forward
