@@ -40,13 +40,14 @@ def follow_job(studio, job, watcher, every: float = 0.5):
         time.sleep(every)
 
 
-def keep_pick(current, choices: list, fallback):
-    """A run dropdown's refreshed choices. A refresh carries the value the page had when it was asked for (a tab
-    click, a page load) and may land after the user picked another run, so a value that is still a choice is left
-    as the page now has it (only the choices change); only a value that is gone is replaced by `fallback`."""
+def keep_pick(current, choices: list):
+    """A run dropdown's refreshed choices (newest run first, or '' for none first). A refresh carries the value
+    the page had when it was asked for (a tab click, a page load) and may land after the user picked another run,
+    so a value that is still a choice is left as the page now has it (only the choices change); only a value that
+    is gone is replaced, by the first choice."""
     if current in choices:
         return gr.update(choices=choices)
-    return gr.update(choices=choices, value=fallback)
+    return gr.update(choices=choices, value=choices[0] if choices else None)
 
 
 def slot(messages: list[str] | None):

@@ -240,7 +240,7 @@ def create_compare_tab(studio: Studio) -> CompareTab:
 
     def refresh(current, other):
         ids = studio.runs.run_ids(with_model=True)
-        return keep_pick(current, ids, ids[0] if ids else None), keep_pick(other, ["", *ids], "")
+        return keep_pick(current, ids), keep_pick(other, ["", *ids])
 
     return CompareTab(refresh_fn=refresh, refresh_inputs=[run, matrix_other], refresh_outputs=[run, matrix_other])
 

@@ -121,8 +121,8 @@ def create_runs_tab(studio: Studio) -> RunsTab:
     @guard("list the runs")
     def refresh(current):
         ids = studio.runs.run_ids()
-        newest = ids[0] if ids else None  # the newest run opens by itself
-        return render.run_rows(studio.runs.run_summaries()), keep_pick(current, ids, newest), gr.update(choices=ids)
+        # the newest run (the first) opens by itself
+        return render.run_rows(studio.runs.run_summaries()), keep_pick(current, ids), gr.update(choices=ids)
 
     refresh_btn.click(refresh, [pick], [table, pick, side], api_name="runs", concurrency_limit=None,
                       show_progress="hidden")

@@ -146,7 +146,7 @@ def create_try_tab(studio: Studio) -> TryTab:
 
     def refresh(current):
         ids = studio.runs.run_ids(with_model=True)
-        return keep_pick(current, ids, ids[0] if ids else None)
+        return keep_pick(current, ids)
 
     return TryTab(refresh_fn=refresh, refresh_inputs=[run], refresh_outputs=[run])
 
