@@ -102,6 +102,28 @@ def test_failure_is_recorded_and_the_worker_survives(q):
     assert wait(lambda: ok.finished) and ok.result == 1
 
 
+def test_a_failed_job_has_its_traceback_before_anyone_can_see_it_failed(q, monkeypatch):
+    """A watcher polls `finished` from another thread: the traceback must be written before the status
+    flips, or the watcher can read "failed" with no traceback (seen once in CI under load)."""
+    import grpo_app.runs.job_queue as jq
+
+    seen = []
+    real = jq.traceback.format_exc
+
+    def format_exc(*a, **k):
+        seen.append(job.status)
+        return real(*a, **k)
+
+    monkeypatch.setattr(jq.traceback, "format_exc", format_exc)
+
+    def bad(report, should_stop):
+        raise ValueError("broken model")
+
+    job = q.submit(bad)
+    assert wait(lambda: job.finished)
+    assert seen == [RUNNING] and job.status == FAILED and "traceback" in job.progress
+
+
 def test_abandoned_job_cancels_itself():
     queue = JobQueue(idle_timeout=0.3)
     try:

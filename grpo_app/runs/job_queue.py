@@ -189,7 +189,9 @@ class JobQueue:
             self._jobs.pop(job.id, None)
 
     def _finish(self, job: Job, status: str, error: str | None = None) -> None:
-        job.status, job.error, job.ended = status, error, time.time()
+        # The status last: another thread that sees a finished status must see its error and end time.
+        job.error, job.ended = error, time.time()
+        job.status = status
 
     def _ensure_worker(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -228,8 +230,10 @@ class JobQueue:
             if job._cancel.is_set():
                 self._finish(job, CANCELLED)
             else:
-                self._finish(job, FAILED, f"{type(e).__name__}: {e}")
+                # Kept for the server's side (never rendered); written before the status so that a
+                # watcher who sees "failed" also sees it.
                 job.progress["traceback"] = traceback.format_exc()[-3000:]
+                self._finish(job, FAILED, f"{type(e).__name__}: {e}")
             return
         if job._cancel.is_set() and result is None:
             self._finish(job, CANCELLED)
