@@ -155,3 +155,14 @@ def test_a_kl_term_in_any_stage_counts_the_reference_models_weights_and_forward(
         assert "KL reference model" not in plain.memory_parts
         assert kl.memory_parts["KL reference model"] == plain.memory_parts["weights"]
         assert kl.training_seconds / plain.training_seconds == pytest.approx((passes + 2) / passes, rel=0.02)  # + a forward
+
+
+def test_packed_sampling_counts_a_second_copy_of_the_weights_while_sampling():
+    """grpo.packed_sampling: the sampler holds a oneDNN-packed copy of every weight (sampler.packed_linears);
+    with layer recompute on, sampling becomes the quick preset's highest phase."""
+    plain = E.estimate_step(load_config("quick"), REFERENCE)
+    packed = E.estimate_step(load_config("quick", ["grpo.packed_sampling=true"]), REFERENCE)
+    assert packed.peak_phase == "sampling" and packed.memory_parts["packed weights"] == plain.memory_parts["weights"]
+    assert packed.peak_bytes > plain.peak_bytes and packed.seconds == plain.seconds
+    off = E.estimate_step(load_config("quick", ["grpo.packed_sampling=true", "grpo.fast_generation=false"]), REFERENCE)
+    assert "packed weights" not in off.memory_parts  # TRL's own generate samples then: nothing is packed

@@ -237,3 +237,51 @@ def test_a_run_on_answer_is_forced_only_when_asked(tiny_model, tokenizer, monkey
     kept.force_answer_line_run_on = True
     out = generate_completions(tiny_model, tokenizer, p * 2, kept, eos_token_ids=[first])
     assert out.extra["forced_rows"] == [0, 1]
+
+
+def test_packed_weights_sample_the_same_tokens_and_leave_the_model_as_it_was(tiny_model, tokenizer):
+    """`packed_weights`: every Linear runs on a oneDNN-packed copy of its weight for the call; the same model up to
+    float rounding, so greedy and seeded sampling give the same tokens, and afterwards the forwards are the plain
+    ones again (a weight changed after the call is the one the next call uses)."""
+    import pytest
+
+    from grpo_app.training.sampler import _onednn_linear, packed_linears
+
+    if not _onednn_linear():
+        pytest.skip("oneDNN is not in this torch build")
+    use_fast_attention(tiny_model)
+    ps = prompts(tokenizer, ["What is 2+3?", "A much longer question about apples and pears, please?"])
+    batch = [ps[0]] * 4 + [ps[1]] * 4
+    greedy = None
+    for t in (0.0, 1.0):
+        plain = SamplingParams(max_new_tokens=12, temperature=t, seed=5, stop_at_answer=False)
+        packed = SamplingParams(max_new_tokens=12, temperature=t, seed=5, stop_at_answer=False, packed_weights=True)
+        a = generate_completions(tiny_model, tokenizer, batch, plain, eos_token_ids=[-1])
+        b = generate_completions(tiny_model, tokenizer, batch, packed, eos_token_ids=[-1])
+        assert a.completion_ids == b.completion_ids
+        if t == 0:
+            greedy = a.completion_ids
+    linears = [m for m in tiny_model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and not any("forward" in m.__dict__ for m in linears)
+    # inside, the packed product is what runs, and it matches the plain one to float rounding
+    x = torch.randn(3, 5, linears[0].in_features)
+    with torch.inference_mode(), packed_linears(tiny_model, rows=3) as n:
+        assert n == len(linears) and all("forward" in m.__dict__ for m in linears)
+        got = linears[0](x)
+        with packed_linears(tiny_model, rows=3) as again:  # already packed: left as it is, and not undone
+            assert again == 0
+        assert all("forward" in m.__dict__ for m in linears)
+    assert torch.allclose(got, torch.nn.functional.linear(x, linears[0].weight, linears[0].bias), atol=1e-5)
+    down = tiny_model.model.layers[-1].mlp.down_proj.weight
+    kept = down.detach().clone()
+    with torch.no_grad():  # a weight that changes between calls (a training step) is packed afresh
+        down.add_(torch.randn(down.shape, generator=torch.Generator().manual_seed(0)) * 5)
+    c = generate_completions(tiny_model, tokenizer, batch, SamplingParams(max_new_tokens=12, temperature=0,
+                             stop_at_answer=False, packed_weights=True), eos_token_ids=[-1])
+    d = generate_completions(tiny_model, tokenizer, batch, SamplingParams(max_new_tokens=12, temperature=0,
+                             stop_at_answer=False), eos_token_ids=[-1])
+    assert c.completion_ids == d.completion_ids and c.completion_ids != greedy
+    with torch.no_grad():
+        down.copy_(kept)
+    with packed_linears(tiny_model, rows=3, enabled=False) as n:
+        assert n == 0

@@ -68,11 +68,15 @@ def test_a_runs_comparisons_ask_the_plain_question(tmp_path):
 def test_cache_keys_without_it_are_unchanged_and_with_it_differ():
     s = EvalSettings(n=7)
     st = asdict(s)
-    for key in ("pass_k", "pass_temperature", "after_question"):
+    for key in ("pass_k", "pass_temperature", "after_question", "packed_weights"):
         st.pop(key)
     blob = json.dumps({"models": [evaluation._model_fingerprint("tiny-random")], "settings": st}, sort_keys=True)
     assert evaluation.cache_key(["tiny-random"], s) == hashlib.sha256(blob.encode()).hexdigest()[:16]
     assert evaluation.cache_key(["tiny-random"], EvalSettings(n=7, after_question=HINT)) != evaluation.cache_key(
+        ["tiny-random"], s
+    )
+    # packed weights change how the products are computed, not the answers: cached answers stay valid
+    assert evaluation.cache_key(["tiny-random"], EvalSettings(n=7, packed_weights=False)) == evaluation.cache_key(
         ["tiny-random"], s
     )
 

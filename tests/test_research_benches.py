@@ -410,3 +410,18 @@ def test_stability_noise_is_the_exact_chance_of_a_read_loss_under_no_change():
     assert [(c["after_stage"], c["task"], c["change_points"], c["discordant"]) for c in res["cells"]] == \
         [(2, 1, 0.0, 4), (3, 1, -4.0, 6), (3, 2, 0.0, 6)]
     assert res["p_all_pass_if_kept"] == round((1 - 1 / 16) * (1 - 7 / 64) ** 2, 4)
+
+
+def test_packed_sampling_bench_on_the_tiny_model(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("\n".join(json.dumps({"gen_seconds": g, "step_seconds": 10.0}) for g in (3.0, 5.0)))
+    r = _bench("packed_sampling.py", "--model", "tiny-random", "--rounds", "1", "--metrics", str(metrics))
+    assert r["packed_layers"] > 0 and r["pack_seconds"] >= 0
+    t, g = r["training"], r["greedy"]
+    assert t["rows"] == 32 and g["rows"] == 32 and t["temperature"] == 0.8 and g["temperature"] == 0.0
+    assert t["tokens_identical"] is True and g["answers_identical"] is True  # the same model, packed or not
+    assert t["generated_tokens"]["plain"] == t["generated_tokens"]["packed"] > 0
+    assert t["packed_over_plain"] > 0 and len(t["seconds"]["plain"]) == len(t["seconds"]["packed"]) == 1
+    w = r["whole_step"]
+    assert w["steps"] == 2 and w["sampling_share"] == 0.4
+    assert w["step_time_ratio"] == pytest.approx(0.6 + 0.4 * t["packed_over_plain"], abs=2e-3)

@@ -280,6 +280,7 @@ def _fresh_samples(model, tokenizer, problems, cfg: Config, n: int, seed: int):
         top_k=cfg.grpo.top_k,
         stop_at_answer=cfg.grpo.stop_at_answer,
         seed=seed,
+        packed_weights=cfg.grpo.packed_sampling,
     )
     out = generate_completions(model, tokenizer, prompts, params)
     return [(p, c) for p, c in zip(prompts, out.trained_ids()) if c]  # as training saw them (end token kept)

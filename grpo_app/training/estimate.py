@@ -251,6 +251,8 @@ def estimate_step(cfg: Config, machine: Machine | None = None) -> StepEstimate |
         "KV cache": (rows * length + unique * plen) * kv_per_token,
         "logits": rows * vocab * f32 * 3,  # logits, probabilities, the sampler's working copy
     }
+    if g.packed_sampling and g.fast_generation and machine.device == "cpu":
+        sampling["packed weights"] = params * f32  # a oneDNN-packed copy of every weight (sampler.packed_linears)
     act = ACT_FACTOR * f32 * (4 * d + 2 * inter + 2 * heads * hd + 2 * kv * hd)  # per token and layer
     mb_tokens = micro * length + max(1, micro // g.num_generations) * plen
     # recompute: one layer's activations at a time; frozen layers below the trained ones keep none

@@ -95,6 +95,7 @@ def engine_options(cfg: Config) -> EngineOptions:
     g = cfg.grpo
     return EngineOptions(
         fast_generation=g.fast_generation,
+        packed_sampling=g.packed_sampling,
         stop_at_answer=g.stop_at_answer,
         share_prompt_prefix=g.share_prompt_prefix,
         skip_zero_advantage=g.skip_zero_advantage,

@@ -9,7 +9,9 @@ logging, checkpoints, resume — is TRL's own code):
    when to stop. With `stop_at_answer`, a completion ends when its '#### <number>' line is complete: it
    has sampled no end token there, so none is trained on (the model is not taught to stop after its answer
    line, only rewarded for the line), and TRL's `completions/clipped_ratio` counts it as clipped (our
-   `gen/truncated_ratio` counts only those cut by the length budget).
+   `gen/truncated_ratio` counts only those cut by the length budget). With `packed_sampling` (off by
+   default) every float32 Linear samples on a copy of its weight that oneDNN packed once per step: the same
+   model up to float rounding (~1e-6), not a change to what is sampled or trained (`sampler.packed_linears`).
 2. The generation batch is split into micro-batches without shuffling, so each micro-batch holds
    whole groups (needed by 3 and 4).
 3. Log-probabilities: each distinct prompt (but its last token) runs once, its keys/values are
@@ -109,6 +111,7 @@ if hasattr(_trl_utils, "_CHUNKED_LOGPROB_CHUNK_SIZE"):
 @dataclass
 class EngineOptions:
     fast_generation: bool = True
+    packed_sampling: bool = False  # sample on oneDNN-packed copies of the weights (sampler.packed_linears)
     stop_at_answer: bool = True
     share_prompt_prefix: bool = True
     skip_zero_advantage: bool = True
@@ -413,6 +416,7 @@ class CurriculumGRPOTrainer(GRPOTrainer):
             stop_at_answer=self.opts.stop_at_answer,
             force_answer_line=self.opts.force_answer_line,
             force_answer_line_run_on=self.opts.force_answer_line_run_on,
+            packed_weights=self.opts.packed_sampling,
             # each process samples its own prompts with its own stream
             seed=self.args.seed * 1_000_003 + self.state.global_step + 7919 * self.accelerator.process_index,
         )
