@@ -23,8 +23,8 @@ forward (so any HF causal LM works: Llama, Qwen2, ...) and replaces only what is
   of a line). Those forced tokens were not sampled (see trainer.py, departure 8);
 * with `packed_weights`, every float32 `Linear` runs on a copy of its weight that oneDNN packed once per
   call (`packed_linears`): MKL's sgemm re-packs each weight on every product, which at a decode step's
-  few rows is most of its cost. The same model up to float rounding (~1e-6 on the logits, measured:
-  tests/test_generation.py), one extra copy of the weights in memory while sampling.
+  few rows is most of its cost. The same model up to float rounding (the tests and the bench sample the same
+  tokens with and without it), one extra copy of the weights in memory while sampling.
 
 `generate_completions` returns token ids (without EOS), why each row stopped, and the end token a row sampled.
 """
@@ -305,8 +305,8 @@ class SamplingParams:
     # ('134.#### 134'), is not forced: it ends as sampled. Only rows with no '####' answer get the hint.
     force_answer_line_run_on: bool = True
     # Run every float32 Linear on a oneDNN-packed copy of its weight for the call (`packed_linears`): the same
-    # numbers up to float rounding, ~20-25% less sampling time at a training step's 32 rows on 2 cores, and one
-    # more copy of the weights in memory while it runs.
+    # numbers up to float rounding, 0.68x the sampling time at a training step's 32 rows on 2 cores (bench), and
+    # one more copy of the weights in memory while it runs.
     packed_weights: bool = False
 
 

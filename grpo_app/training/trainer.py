@@ -10,8 +10,10 @@ logging, checkpoints, resume — is TRL's own code):
    has sampled no end token there, so none is trained on (the model is not taught to stop after its answer
    line, only rewarded for the line), and TRL's `completions/clipped_ratio` counts it as clipped (our
    `gen/truncated_ratio` counts only those cut by the length budget). With `packed_sampling` (off by
-   default) every float32 Linear samples on a copy of its weight that oneDNN packed once per step: the same
-   model up to float rounding (~1e-6), not a change to what is sampled or trained (`sampler.packed_linears`).
+   default) every float32 Linear samples on a copy of its weight that oneDNN packed once per step
+   (`sampler.packed_linears`): the same model and distribution up to float rounding, though a near-tie can
+   sample another token than the plain product would (measured: the progressive preset on seed 42 sampled the
+   same tokens for 9 steps, then went another way; docs/performance.md).
 2. The generation batch is split into micro-batches without shuffling, so each micro-batch holds
    whole groups (needed by 3 and 4).
 3. Log-probabilities: each distinct prompt (but its last token) runs once, its keys/values are
