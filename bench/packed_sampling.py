@@ -35,11 +35,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from bench.common import emit, machine  # noqa: E402
 
 
-def rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="embedded")
@@ -48,6 +43,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
 
+    import psutil
     import torch
 
     from grpo_app.core.config import DataConfig
@@ -70,11 +66,12 @@ def main() -> None:
     }
     generate_completions(model, tok, work["training"][0][:8], SamplingParams(max_new_tokens=4, seed=0))  # warm-up
 
-    before = rss_mb()
+    proc = psutil.Process()
+    before = proc.memory_info().rss / 2**20
     t0 = time.perf_counter()
     with torch.inference_mode(), packed_linears(model, rows=32) as layers:
         pack_s = time.perf_counter() - t0
-        extra_mb = rss_mb() - before
+        extra_mb = proc.memory_info().rss / 2**20 - before
 
     result = {"model": spec.label, "machine": {**machine(), "threads": threads}, "rounds": a.rounds,
               "packed_layers": layers, "pack_seconds": round(pack_s, 3), "packed_extra_mb": round(extra_mb, 1)}

@@ -23,6 +23,7 @@ can do in K tries it does on the first: GRPO tends to raise pass@1 more than pas
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import io
 import json
@@ -38,7 +39,7 @@ from grpo_app.core.models import load_model, model_label, models_root, quantize_
 from grpo_app.core.prompts import prompt_ids
 from grpo_app.core.rewards import is_correct
 from grpo_app.evaluation.stats import paired, pass_k_curve, wilson_interval
-from grpo_app.training.sampler import SamplingParams, generate_completions, use_fast_attention
+from grpo_app.training.sampler import SamplingParams, generate_completions, packed_linears, use_fast_attention
 
 MAX_PASS_K = 64
 
@@ -60,9 +61,9 @@ class EvalSettings:
     extra: dict = field(default_factory=dict)  # stage options for generated tasks (max_digits, operators)
     pass_k: int = 0  # K sampled answers per problem for pass@1..K (0 = greedy accuracy only)
     pass_temperature: float = 1.0  # sampling temperature of those answers
-    # Sample on oneDNN-packed copies of the weights (sampler.packed_linears): the same model up to float rounding,
-    # ~25% less time for a greedy batch of 32 on 2 cores (bench/packed_sampling.py), one more copy of the weights
-    # in memory while a batch runs.
+    # Sample on oneDNN-packed copies of the weights (sampler.packed_linears), packed once per evaluate/sample_pass_k
+    # call: the same model up to float rounding, 0.75x the time for a greedy batch of 32 on 2 cores
+    # (bench/packed_sampling.py), one more copy of the weights in memory while the call runs.
     packed_weights: bool = True
 
     def validate(self) -> EvalSettings:
@@ -125,6 +126,19 @@ def score_output(text: str, gold: str) -> dict:
     }
 
 
+def _weights_packed(fn):
+    """Run `fn(model, tokenizer, problems, settings, ...)` with the model's weights packed once for the whole call
+    (`settings.packed_weights`): they do not change while a model is scored, so its batches share one packing."""
+
+    @functools.wraps(fn)
+    def run(model, tokenizer, problems, settings, *args, **kwargs):
+        with packed_linears(model, settings.batch_size, settings.packed_weights):
+            return fn(model, tokenizer, problems, settings, *args, **kwargs)
+
+    return run
+
+
+@_weights_packed
 def evaluate(
     model,
     tokenizer,
@@ -137,8 +151,7 @@ def evaluate(
     t0 = time.perf_counter()
     records, gen_tokens = [], 0
     order = sorted(range(len(problems)), key=lambda i: len(problems[i].question))  # less padding per batch
-    params = SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=0.0, stop_at_answer=True,
-                            packed_weights=settings.packed_weights)
+    params = SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=0.0, stop_at_answer=True)
     by_index: dict[int, dict] = {}
     for start in range(0, len(order), settings.batch_size):
         if should_stop is not None and should_stop():
@@ -201,6 +214,7 @@ def summarize(records: list[dict], seconds: float = 0.0, gen_tokens: int = 0) ->
 # ------------------------------------------------------------------------------------------------
 # pass@k
 # ------------------------------------------------------------------------------------------------
+@_weights_packed
 def sample_pass_k(
     model,
     tokenizer,
@@ -224,7 +238,6 @@ def sample_pass_k(
             temperature=settings.pass_temperature,
             stop_at_answer=True,
             seed=settings.seed * 1_000_003 + start,
-            packed_weights=settings.packed_weights,
         )
         out = generate_completions(model, tokenizer, ids, params)
         for j, p in enumerate(batch):
