@@ -128,3 +128,32 @@ def test_compare_spec_refuses_unknown_problem_sets(tmp_path, eval_set, message):
     run = RunDir.create(tmp_path, load_config("classroom"))
     with pytest.raises(ValueError, match=message):
         CompareSpec.for_run(run, eval_set)
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_evaluation_packs_the_weights_once_per_call_when_asked(tiny_model, tokenizer, monkeypatch, packed):
+    """EvalSettings.packed_weights: every batch of an evaluate call samples on the packed weights (the LM head's
+    forward replaced while it runs), packed once for the call, and the plain forwards are back afterwards."""
+    from grpo_app.evaluation import scoring
+    from grpo_app.training.sampler import _onednn_linear
+
+    if packed and not _onednn_linear():
+        pytest.skip("oneDNN is not in this torch build")
+    entered, during = [], []
+    real_pack, real_gen = scoring.packed_linears, scoring.generate_completions
+
+    def pack(model, rows, enabled=True):
+        entered.append(enabled)
+        return real_pack(model, rows, enabled)
+
+    def gen(model, *args, **kwargs):
+        during.append("forward" in model.lm_head.__dict__)
+        return real_gen(model, *args, **kwargs)
+
+    monkeypatch.setattr(scoring, "packed_linears", pack)
+    monkeypatch.setattr(scoring, "generate_completions", gen)
+    probs = [Problem(str(i), f"What is {i}+1?", str(i + 1), f"#### {i + 1}", 1, "arithmetic") for i in range(5)]
+    res = evaluate(tiny_model, tokenizer, probs, EvalSettings(n=5, max_new_tokens=8, batch_size=2, packed_weights=packed))
+    assert len(res["records"]) == 5
+    assert entered == [packed] and during == [packed] * 3  # one packing for the call's three batches
+    assert "forward" not in tiny_model.lm_head.__dict__

@@ -604,3 +604,23 @@ def test_a_kl_coefficient_per_row_gives_trl_loss_with_the_kl_on_those_rows_only(
         torch.testing.assert_close(ga[n], gb[n], rtol=1e-4, atol=1e-7)
     assert tr.beta == 0.3  # TRL's coefficient is put back
     assert tr._metrics["train"]["skipped_zero_advantage"] == [1 / 3]  # the beta-0 part still skips its zero rows
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_packed_sampling_reaches_the_sampler(tmp_path, tokenizer, monkeypatch, packed):
+    """EngineOptions.packed_sampling (grpo.packed_sampling) is what the trainer's sampling asks packing for."""
+    from grpo_app.training import sampler
+
+    asked = []
+    real = sampler.packed_linears
+
+    def pack(model, rows, enabled=True):
+        asked.append(enabled)
+        return real(model, rows, enabled)
+
+    monkeypatch.setattr(sampler, "packed_linears", pack)
+    tr = make_trainer(tmp_path, make_tiny(tokenizer), tokenizer, packed_sampling=packed)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "1+1?"}], add_generation_prompt=True, tokenize=True)
+    prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+    tr._generate_single_turn([prompt] * 4, None, None, 4)
+    assert asked == [packed]
