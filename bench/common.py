@@ -28,11 +28,16 @@ def emit(res: dict, out: str | None) -> None:
 
 
 def machine() -> dict:
-    """The machine a result was measured on: processor, cores, torch, and the GPU if one is visible."""
+    """The machine a result was measured on: processor (its name and the vector instruction set torch's
+    kernels use there), cores, torch, and the GPU if one is visible."""
     import torch
+
+    from grpo_app.core.system import cpu_kernels, cpu_name
 
     return {
         "cpu": platform.processor() or platform.machine(),
+        "cpu_name": cpu_name(),
+        "cpu_kernels": cpu_kernels(),
         "cores": os.cpu_count(),
         "torch": torch.__version__,
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,

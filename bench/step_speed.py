@@ -74,7 +74,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("GRPO_APP_GSM8K_DIR", str(ROOT.parent / "shared" / "data" / "gsm8k"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from bench.common import emit, run_child  # noqa: E402  (ROOT is on the path: as a script and as a module)
+from bench.common import emit, machine, run_child  # noqa: E402  (ROOT is on the path: as a script and as a module)
 
 G, COMPLETION = 4, 128
 GEN_BATCHES = (16, 32, 64, 128, 256)
@@ -540,13 +540,9 @@ def main() -> None:
         print(json.dumps(r))
         return
 
-    import platform
-
-    import torch
-
     only = a.only.split(",")
     res: dict = {
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__},
+        "machine": machine(),
         "model": "SmolLM2-135M-Instruct (embedded), fp32",
     }
     gemm = _child("gemm", [])

@@ -6,11 +6,13 @@ import time
 import zipfile
 
 import pytest
+import torch
 
 from grpo_app.core import system
 from grpo_app.core.config import load_config
 from grpo_app.core.run_folder import RunDir
 from grpo_app.export import downloads as exports
+from grpo_app.ui import render
 
 
 @pytest.fixture
@@ -54,6 +56,9 @@ def test_safetensors_params_reads_shapes_without_loading(tmp_path):
 def test_system_info_has_what_the_panel_shows():
     info = system.system_info()
     assert info["cpu"]["logical_cores"] >= 1 and info["cpu"]["torch_threads"] >= 1
+    # the level torch's kernels dispatch to on this CPU, as torch names it (x86: AVX2 or AVX512 here)
+    assert info["cpu"]["kernels"] == str(torch.backends.cpu.get_cpu_capability())
+    assert f"torch kernels: {info['cpu']['kernels']}" in render.system_md(info)
     assert 0 < info["memory"]["available_mb"] <= info["memory"]["total_mb"]
     assert info["versions"]["torch"] != "not installed" and "gradio" in info["versions"]
     assert "name" in info["embedded_model"]

@@ -126,6 +126,8 @@ def test_events_md_lists_newest_first_and_escapes():
             "trainable": 100e6,
             "device": "cpu",
             "threads": 2,
+            "cpu": "CPU <b>X</b>",
+            "cpu_kernels": "AVX2",
         },
         {
             "time": t + 1,
@@ -143,6 +145,7 @@ def test_events_md_lists_newest_first_and_escapes():
     md = render.events_md(events)
     lines = [ln for ln in md.splitlines() if ln.startswith("- ")]
     assert len(lines) == 3 and "stopped at step 2" in lines[0] and "model loaded" in lines[2]
+    assert "AVX2 kernels) with 2 threads" in lines[2] and "<b>" not in md
     assert "<script>" not in md and "\\[x\\]" in md
     assert "Nothing yet" in render.events_md([])
 

@@ -43,6 +43,8 @@ def test_two_stage_run_with_ewc(runs_dir, varied_reward):
     assert set(metrics[0]["rewards"]) == {"correctness", "text_length"}
     events = [e["event"] for e in run.events()]
     assert events[:2] == ["model_loaded", "stage_start"]
+    loaded = run.events()[0]  # the machine the times were measured on
+    assert loaded["cpu"] and loaded["cpu_kernels"] == str(torch.backends.cpu.get_cpu_capability())
     start = run.events()[1]
     assert (start["device"], start["precision"]) == ("cpu", "float32")  # no bf16 on a CPU (TRL's default)
     assert "fisher_done" in events and events[-1] == "finished"

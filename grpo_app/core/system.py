@@ -46,6 +46,17 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_kernels() -> str:
+    """The vector instruction set torch's CPU kernels dispatch to here ("AVX512", "AVX2", "DEFAULT", ...):
+    two hosts at the same core count can differ by it, so a time or a matmul rate is reported beside it."""
+    import torch
+
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except (AttributeError, RuntimeError):
+        return "unknown"
+
+
 def safetensors_params(folder: Path) -> tuple[int, int] | None:
     """(parameters, bytes on disk) of the *.safetensors files in `folder`, read from their headers."""
     files = sorted(Path(folder).glob("*.safetensors"))
@@ -96,6 +107,7 @@ def system_info() -> dict:
     return {
         "cpu": {
             "name": cpu_name(),
+            "kernels": cpu_kernels(),
             "physical_cores": psutil.cpu_count(logical=False),
             "logical_cores": psutil.cpu_count(logical=True),
             "usable_cores": affinity,

@@ -44,6 +44,7 @@ from grpo_app.core.models import apply_lora, count_parameters, freeze_embeddings
 from grpo_app.core.prompts import prompt_ids
 from grpo_app.core.rewards import build_rewards
 from grpo_app.core.run_folder import RunDir
+from grpo_app.core.system import cpu_kernels, cpu_name
 from grpo_app.training.ewc import EWCState, compute_fisher
 from grpo_app.training.lean import layer_hooks, make_lean
 from grpo_app.training.sampler import SamplingParams, generate_completions, use_fast_attention
@@ -621,6 +622,9 @@ def train(cfg: Config, run: RunDir, reporter=None, resume: bool = False, observe
         seconds=round(time.time() - job.t_start, 2),
         device=device,
         threads=torch.get_num_threads(),
+        # which CPU, and the instruction set torch's kernels use on it: a run's times depend on both
+        cpu=cpu_name(),
+        cpu_kernels=cpu_kernels(),
     )
     job.ewc = (
         EWCState(cfg.ewc.lam, cfg.ewc.gamma, cfg.ewc.normalize, offload=job.ewc_offload()) if cfg.ewc.enabled else None

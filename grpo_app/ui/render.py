@@ -336,7 +336,9 @@ def event_line(ev: dict) -> str | None:
     if kind == "model_loaded":
         return (
             f"model loaded: {ev.get('model')} ({(ev.get('parameters') or 0) / 1e6:.1f} M parameters, "
-            f"{(ev.get('trainable') or 0) / 1e6:.1f} M trained) on {ev.get('device', 'cpu')} with {ev.get('threads')} threads"
+            f"{(ev.get('trainable') or 0) / 1e6:.1f} M trained) on {ev.get('device', 'cpu')}"
+            + (f" ({ev['cpu']}, {ev.get('cpu_kernels') or '?'} kernels)" if ev.get("cpu") and ev.get("device", "cpu") == "cpu" else "")
+            + f" with {ev.get('threads')} threads"
         )
     if kind == "stage_start":
         return (
@@ -601,7 +603,7 @@ def system_md(info: dict, loaded: list[dict] | None = None, run_model: dict | No
     lines = [
         "| What | This server |",
         "|---|---|",
-        f"| CPU | {c['name']} |",
+        f"| CPU | {c['name']}" + (f" (torch kernels: {c['kernels']})" if c.get("kernels") else "") + " |",
         f"| Cores | {c['physical_cores']} physical, {c['logical_cores']} logical"
         + (f", {c['usable_cores']} usable by this process" if c.get("usable_cores") else "")
         + " |",
