@@ -51,10 +51,7 @@ def cpu_kernels() -> str:
     two hosts at the same core count can differ by it, so a time or a matmul rate is reported beside it."""
     import torch
 
-    try:
-        return str(torch.backends.cpu.get_cpu_capability())
-    except (AttributeError, RuntimeError):
-        return "unknown"
+    return str(torch.backends.cpu.get_cpu_capability())
 
 
 def safetensors_params(folder: Path) -> tuple[int, int] | None:

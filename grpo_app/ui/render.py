@@ -334,11 +334,12 @@ def event_line(ev: dict) -> str | None:
     kind = ev.get("event")
     k = int(ev.get("stage", 0) or 0) + 1
     if kind == "model_loaded":
+        device = ev.get("device", "cpu")
+        if device == "cpu" and ev.get("cpu"):  # runs before 2026-11-30 did not record their CPU
+            device += f" ({ev['cpu']}, {ev.get('cpu_kernels')} kernels)"
         return (
             f"model loaded: {ev.get('model')} ({(ev.get('parameters') or 0) / 1e6:.1f} M parameters, "
-            f"{(ev.get('trainable') or 0) / 1e6:.1f} M trained) on {ev.get('device', 'cpu')}"
-            + (f" ({ev['cpu']}, {ev.get('cpu_kernels') or '?'} kernels)" if ev.get("cpu") and ev.get("device", "cpu") == "cpu" else "")
-            + f" with {ev.get('threads')} threads"
+            f"{(ev.get('trainable') or 0) / 1e6:.1f} M trained) on {device} with {ev.get('threads')} threads"
         )
     if kind == "stage_start":
         return (
