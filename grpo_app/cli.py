@@ -811,39 +811,44 @@ def _train_in_processes(args) -> int:
     else:
         device = "auto"
     distributed.init(device)
-    if not main:
-        path = distributed.broadcast(None)
-        if path is None:
-            return 2  # rank 0 said why
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches every process; rank 0 decides the stop
-        run = RunDir(Path(path))
-        try:
-            status = train(run.config(), run, resume=resume)
-        except Exception:
-            traceback.print_exc()
-            return 1
-        return 0 if status in ("completed", "stopped") else 1
-
-    shared = []
-
-    def share(run):
-        distributed.broadcast(str(run.path))
-        shared.append(run)
-
     try:
-        if resume:
-            manager = RunManager(args.runs_dir or runs_root())
-            run = manager.resume(args.run_id, before_launch=share)
-        else:
-            manager = RunManager(runs_root(cfg.run.output_dir))
-            run = manager.start(cfg, before_launch=share)
-    except Exception as e:
-        if not shared:  # the other processes are waiting for a run folder: tell them there is none
-            distributed.broadcast(None)
-        print(f"Cannot {'resume' if resume else 'start'}: {e}", file=sys.stderr)
-        return 2
-    print(f"{'Resuming' if resume else 'Run'} {run.id} -> {run.path} ({distributed.world_size()} processes)")
-    return _finish(run, _watch(manager, run, second_interrupt_aborts=False))
+        if not main:
+            path = distributed.broadcast(None)
+            if path is None:
+                return 2  # rank 0 said why
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches every process; rank 0 decides the stop
+            run = RunDir(Path(path))
+            try:
+                status = train(run.config(), run, resume=resume)
+            except Exception:
+                traceback.print_exc()
+                return 1
+            return 0 if status in ("completed", "stopped") else 1
+
+        shared = []
+
+        def share(run):
+            distributed.broadcast(str(run.path))
+            shared.append(run)
+
+        try:
+            if resume:
+                manager = RunManager(args.runs_dir or runs_root())
+                run = manager.resume(args.run_id, before_launch=share)
+            else:
+                manager = RunManager(runs_root(cfg.run.output_dir))
+                run = manager.start(cfg, before_launch=share)
+        except Exception as e:
+            if not shared:  # the other processes are waiting for a run folder: tell them there is none
+                distributed.broadcast(None)
+            print(f"Cannot {'resume' if resume else 'start'}: {e}", file=sys.stderr)
+            return 2
+        print(f"{'Resuming' if resume else 'Run'} {run.id} -> {run.path} ({distributed.world_size()} processes)")
+        status = _watch(manager, run, second_interrupt_aborts=False)
+        manager.wait(60)  # the training thread writes the run's last status and then ends: let it, before leaving the group
+        return _finish(run, status)
+    finally:
+        distributed.shutdown()  # every process leaves the group before it exits (see distributed.shutdown)
 
 
 def _launched_processes() -> int:

@@ -17,6 +17,20 @@ def torchrun(*args, env):
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
 
 
+def succeeded(r) -> None:
+    """Fail with both processes' whole output (an assert's message would be cut short: a worker that dies
+    of a signal says why only in its stderr)."""
+    if r.returncode != 0:
+        pytest.fail(f"torchrun exited {r.returncode}\n--- stdout ---\n{r.stdout[-4000:]}\n--- stderr ---\n"
+                    f"{r.stderr[-12000:]}", pytrace=False)
+
+
+def left_the_group(r) -> None:
+    """Both processes left the process group before exiting (tests/dist_cli.py reports it at exit)."""
+    for rank in (0, 1):
+        assert f"rank {rank} exits in a process group: False" in r.stderr, r.stderr[-3000:]
+
+
 def events(run_dir):
     return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
 
@@ -31,7 +45,8 @@ def env(tmp_path):
 def test_two_processes_train_one_run_with_one_fisher_and_identical_replicas(tmp_path, env):
     r = torchrun("train", "-c", "tests/configs/tiny.yaml", "-s", f"run.output_dir={tmp_path}",
                  "-s", "rewards.weights={correctness: 1.0, text_length: 1.0}", env=env)
-    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-6000:])
+    succeeded(r)
+    left_the_group(r)
     assert "(2 processes)" in r.stdout
     runs = [p for p in tmp_path.iterdir() if p.is_dir()]
     assert len(runs) == 1  # rank 0 made the folder, rank 1 trained into it
@@ -61,6 +76,7 @@ def test_two_processes_fail_together_when_there_is_no_run(tmp_path, env):
     r = torchrun("resume", "no-such-run", "--runs-dir", str(tmp_path), env=env)
     assert r.returncode != 0
     assert "Cannot resume" in r.stderr
+    left_the_group(r)  # the failure path leaves it too
     assert not any(tmp_path.iterdir())
 
 
@@ -91,7 +107,9 @@ def _helpers_worker(rank, init_file, out_dir):
         except RuntimeError as e:
             res["drift"] = str(e)
     finally:
-        dist.destroy_process_group()
+        distributed.shutdown()
+    res["left"] = not dist.is_initialized()
+    distributed.shutdown()  # a second call, without a group, does nothing
     (out_dir / f"{rank}.json").write_text(json.dumps(res))
 
 
@@ -107,6 +125,7 @@ def test_process_group_helpers_average_broadcast_and_catch_drifting_replicas(tmp
         assert r["any_true"] is True and r["none_true"] is False
         assert r["same"] == {"processes": 2, "tensors": 2, "max_difference": 0.0}
         assert "different weights" in r["drift"]
+        assert r["left"] is True
 
 
 def test_a_stopped_run_resumes_in_two_processes(tmp_path, env, varied_reward):
@@ -126,7 +145,8 @@ def test_a_stopped_run_resumes_in_two_processes(tmp_path, env, varied_reward):
     stopped_at = run.latest_checkpoint()["global_step"]
     assert run.read_status()["status"] == "stopped" and stopped_at < 5
     r = torchrun("resume", run.id, "--runs-dir", str(tmp_path), env=env)
-    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-6000:])
+    succeeded(r)
+    left_the_group(r)
     assert run.read_status()["status"] == "completed"
     assert [m["step"] for m in run.metrics()] == [1, 2, 3, 4, 5]  # no gap, no duplicate
     ev = run.events()
