@@ -510,9 +510,10 @@ class GRPOSettings:
         False,
         "Sample on copies of the float32 weights packed once per step for oneDNN (CPU; needs fast_generation): the "
         "same model up to float rounding (a near-tie can still sample another token, and the run goes another "
-        "way from there), sampling 0.68x the time at 32 answers a step on 2 cores alone and 0.88x inside a "
-        "training run, and one more copy of the weights in memory while sampling (~500 MB for SmolLM2). Off by "
-        "default so the quick and classroom presets keep their peak under 2.5 GB.",
+        "way from there), sampling 0.68x the time at 32 answers a step on 2 cores alone; inside training runs "
+        "0.64-0.77x the time per sampled token on an AVX-512 host and 0.82x on an earlier one, and one more copy "
+        "of the weights in memory while sampling (~500 MB for SmolLM2). Off by default so the quick and classroom "
+        "presets keep their peak under 2.5 GB; on in the progressive preset.",
     )
     share_prompt_prefix: bool = _f(
         True, "In the training pass, run each group's prompt once and reuse its keys/values for the G completions."
