@@ -69,7 +69,8 @@ def shutdown() -> None:
     """Leave the process group, on every process, once its work is done (also after an error). PyTorch asks
     for it before exit: left to the interpreter's teardown, gloo's worker threads can still hold tensors
     when Python is being torn down, and a process that finished its work dies of SIGABRT (as described in
-    pytorch/pytorch#179291). Seen here once in a few dozen two-process test runs before this was added."""
+    pytorch/pytorch#179291). Seen here once before this was added: a worker of the two-process test in a
+    fresh-clone CI of 2026-11-30 (not reproduced in 10 reruns)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
