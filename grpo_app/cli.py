@@ -784,15 +784,9 @@ def _train_in_processes(args) -> int:
 
     Rank 0 creates (or reopens) the run folder, shows progress and owns every file in the run; the other
     processes receive the folder from it and train their replica there (see grpo_app/core/distributed.py)."""
-    import signal
-    import traceback
-
     from grpo_app.core import distributed
     from grpo_app.core.config import ConfigError, load_config
     from grpo_app.core.models import pick_device
-    from grpo_app.core.run_folder import RunDir, runs_root
-    from grpo_app.runs.manager import RunManager
-    from grpo_app.training.engine import train
 
     main = distributed.is_main()
     resume = args.func is cmd_resume
@@ -812,43 +806,61 @@ def _train_in_processes(args) -> int:
         device = "auto"
     distributed.init(device)
     try:
-        if not main:
-            path = distributed.broadcast(None)
-            if path is None:
-                return 2  # rank 0 said why
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches every process; rank 0 decides the stop
-            run = RunDir(Path(path))
-            try:
-                status = train(run.config(), run, resume=resume)
-            except Exception:
-                traceback.print_exc()
-                return 1
-            return 0 if status in ("completed", "stopped") else 1
-
-        shared = []
-
-        def share(run):
-            distributed.broadcast(str(run.path))
-            shared.append(run)
-
-        try:
-            if resume:
-                manager = RunManager(args.runs_dir or runs_root())
-                run = manager.resume(args.run_id, before_launch=share)
-            else:
-                manager = RunManager(runs_root(cfg.run.output_dir))
-                run = manager.start(cfg, before_launch=share)
-        except Exception as e:
-            if not shared:  # the other processes are waiting for a run folder: tell them there is none
-                distributed.broadcast(None)
-            print(f"Cannot {'resume' if resume else 'start'}: {e}", file=sys.stderr)
-            return 2
-        print(f"{'Resuming' if resume else 'Run'} {run.id} -> {run.path} ({distributed.world_size()} processes)")
-        status = _watch(manager, run, second_interrupt_aborts=False)
-        manager.wait(60)  # the training thread writes the run's last status and then ends: let it, before leaving the group
-        return _finish(run, status)
+        return _lead_the_processes(args, cfg, resume) if main else _train_a_replica(resume)
     finally:
         distributed.shutdown()  # every process leaves the group before it exits (see distributed.shutdown)
+
+
+def _train_a_replica(resume: bool) -> int:
+    """A process other than rank 0: train a replica in the run folder rank 0 sends (None: it said why not)."""
+    import signal
+    import traceback
+
+    from grpo_app.core import distributed
+    from grpo_app.core.run_folder import RunDir
+    from grpo_app.training.engine import train
+
+    path = distributed.broadcast(None)
+    if path is None:
+        return 2  # rank 0 said why
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches every process; rank 0 decides the stop
+    run = RunDir(Path(path))
+    try:
+        status = train(run.config(), run, resume=resume)
+    except Exception:
+        traceback.print_exc()
+        return 1
+    return 0 if status in ("completed", "stopped") else 1
+
+
+def _lead_the_processes(args, cfg, resume: bool) -> int:
+    """Rank 0: create (or reopen) the run, send its folder to the other processes, train and show progress."""
+    from grpo_app.core import distributed
+    from grpo_app.core.run_folder import runs_root
+    from grpo_app.runs.manager import RunManager
+
+    shared = []
+
+    def share(run):
+        distributed.broadcast(str(run.path))
+        shared.append(run)
+
+    try:
+        if resume:
+            manager = RunManager(args.runs_dir or runs_root())
+            run = manager.resume(args.run_id, before_launch=share)
+        else:
+            manager = RunManager(runs_root(cfg.run.output_dir))
+            run = manager.start(cfg, before_launch=share)
+    except Exception as e:
+        if not shared:  # the other processes are waiting for a run folder: tell them there is none
+            distributed.broadcast(None)
+        print(f"Cannot {'resume' if resume else 'start'}: {e}", file=sys.stderr)
+        return 2
+    print(f"{'Resuming' if resume else 'Run'} {run.id} -> {run.path} ({distributed.world_size()} processes)")
+    status = _watch(manager, run, second_interrupt_aborts=False)
+    manager.wait(60)  # the training thread writes the run's last status and then ends: let it, before leaving the group
+    return _finish(run, status)
 
 
 def _launched_processes() -> int:
