@@ -10,10 +10,11 @@ logging, checkpoints, resume — is TRL's own code):
    has sampled no end token there, so none is trained on (the model is not taught to stop after its answer
    line, only rewarded for the line), and TRL's `completions/clipped_ratio` counts it as clipped (our
    `gen/truncated_ratio` counts only those cut by the length budget). With `packed_sampling` (off by
-   default) every float32 Linear samples on a copy of its weight that oneDNN packed once per step
+   default; on in the progressive preset) every float32 Linear samples on a copy of its weight that oneDNN packed once per step
    (`sampler.packed_linears`): the same model and distribution up to float rounding, though a near-tie can
    sample another token than the plain product would (measured: the progressive preset on seed 42 sampled the
-   same tokens for 9 steps, then went another way; docs/performance.md).
+   same tokens for 9 steps, then went another way; docs/performance.md; on an AVX-512 host, seeds 1, 2, 42
+   parted at steps 2, 10, 13; docs/experiments.md).
 2. The generation batch is split into micro-batches without shuffling, so each micro-batch holds
    whole groups (needed by 3 and 4).
 3. Log-probabilities: each distinct prompt (but its last token) runs once, its keys/values are
