@@ -639,7 +639,7 @@ class EWCConfig:
         "1000 kept all of stage 1's held-out gain on SmolLM2-135M in the classroom preset, but it also held every "
         "weight within about half a learning rate of the anchor, so later stages learned nothing; 10 pinned the top "
         "tenth of the Fisher and let the rest move: in the progressive preset each stage then taught its own task "
-        "(+20 to +42 points on three seeds, the last stage at lambda 3) while the earlier ones were kept, where without EWC the "
+        "(+18 to +45 points on five seeds, the last stage at lambda 5) while the earlier ones were kept, where without EWC the "
         "taking-away stage un-taught the adding one (docs/experiments.md, bench/ewc_movement.py). Plasticity falls "
         "as lambda rises.",
         aliases=("lambda",),
