@@ -12,11 +12,15 @@ The settings take turns on every step (a slow minute of the host hits them all a
 each one's total seconds and positions run, and the ratio to the first setting. A setting ending in
 '/whole' has the layer recompute redo each MLP's down projection, as before 2026-11-26 (`lean._GateUpFunction`);
 one ending in '/keep' recomputes nothing: every layer keeps its activations for backward
-(`grpo.gradient_checkpointing: false`).
+(`grpo.gradient_checkpointing: false`). One ending in '/trl0' replays the advantages as the run recorded them;
+without it, a group whose answers all earned the same total gets advantages of exactly 0, as the trainer gives
+them since 2026-12-02 (departure 4; the runs before recorded TRL's float32 residue, about +-1e-3, and trained
+those rows).
 
     python bench/bucket_lengths.py --run models/runs/RUN --settings off,0,16,32,64,64@32 --out assets/bucket_lengths.json
     python bench/bucket_lengths.py --run models/runs/RUN --settings 64,64/whole --out assets/recompute_split.json
     python bench/bucket_lengths.py --run models/runs/RUN --config progressive --settings 64,64/keep --every 2
+    python bench/bucket_lengths.py --run models/runs/RUN --config progressive --settings 64/keep/trl0,64/keep
 """
 
 from __future__ import annotations
@@ -44,14 +48,17 @@ from grpo_app.training.settings import grpo_args  # noqa: E402
 from grpo_app.training.trainer import CurriculumGRPOTrainer, EngineOptions, restore_forward  # noqa: E402
 
 
-def step_rows(steps_file: Path, tok, system_prompt: str, every: int) -> list[list[tuple]]:
-    """Each replayed step's rows as the training pass gets them: (prompt ids, completion ids, advantage)."""
+def step_rows(steps_file: Path, tok, system_prompt: str, every: int, recorded: bool = False) -> list[list[tuple]]:
+    """Each replayed step's rows as the training pass gets them: (prompt ids, completion ids, advantage). A group
+    whose totals are all equal gets advantages of 0 (departure 4), unless `recorded` (the run's own values)."""
     steps = []
     for line in steps_file.read_text().splitlines()[::every]:
         rows = []
         for g in json.loads(line)["groups"]:
             p = prompt_ids(tok, g["question"], system_prompt)
+            flat = max(g["totals"]) - min(g["totals"]) <= 1e-9
             for text, adv in zip(g["completions"], g["advantages"]):
+                adv = 0.0 if flat and not recorded else adv
                 rows.append((p, tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id], adv))
         steps.append(rows)
     return steps
@@ -78,7 +85,7 @@ def micro_batches(rows: list[tuple], micro: int, pad: int) -> list[dict]:
     return out
 
 
-def parse_setting(text: str, default_micro: int) -> tuple[bool, int, int, bool, bool]:
+def parse_setting(text: str, default_micro: int) -> tuple[bool, int, int, bool, bool]:  # ('/trl0': see main)
     """'off' | 'OVERHEAD' | either with '@MICRO' and/or '/whole' or '/keep' -> (bucket_lengths, bucket_overhead,
     micro-batch size, split MLP, layer recompute). '/whole': the recompute redoes each MLP's down projection, as
     it did before 2026-11-26 (lean's whole-MLP function instead of the split one, `lean._GateUpFunction`).
@@ -104,7 +111,10 @@ def main() -> None:
     run = Path(a.run)
     settings = a.settings.split(",")
     model, tok, _ = prepare_model(cfg)
-    steps = step_rows(run / "steps.jsonl", tok, cfg.data.system_prompt, a.every)
+    recorded_of = {s: s.endswith("/trl0") for s in settings}
+    steps_of = {r: step_rows(run / "steps.jsonl", tok, cfg.data.system_prompt, a.every, recorded=r)
+                for r in set(recorded_of.values())}
+    steps = next(iter(steps_of.values()))
     funcs, _ = build_rewards(cfg.rewards.weights)
     ds = Dataset.from_list([{"prompt": [{"role": "user", "content": "1+1?"}], "answer": "2"}] * 8)
     trainers, micro_of, split_of, recompute_of = {}, {}, {}, {}
@@ -112,7 +122,7 @@ def main() -> None:
     layers = [m for m in decoder_layers(model) if hasattr(m, "_grpo_recompute")]
     with tempfile.TemporaryDirectory() as tmp:
         for s in settings:
-            bucket, overhead, micro, split_of[s], recompute_of[s] = parse_setting(s, cfg.micro_batch)
+            bucket, overhead, micro, split_of[s], recompute_of[s] = parse_setting(s.removesuffix("/trl0"), cfg.micro_batch)
             scfg = copy.deepcopy(cfg)
             scfg.grpo.micro_batch_size = micro
             restore_forward(model)
@@ -124,8 +134,9 @@ def main() -> None:
             trainers[s], micro_of[s] = tr, micro
         seconds = dict.fromkeys(settings, 0.0)
         positions = dict.fromkeys(settings, 0)
-        for i, rows in enumerate(steps):
+        for i in range(len(steps)):
             for s in settings[i % len(settings):] + settings[: i % len(settings)]:  # take turns
+                rows = steps_of[recorded_of[s]][i]
                 seen: list[int] = []
                 hook = model.model.embed_tokens.register_forward_hook(
                     lambda m, args, o, seen=seen: seen.append(args[0].numel()))

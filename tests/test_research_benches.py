@@ -239,6 +239,30 @@ def test_bucket_lengths_bench_rebuilds_the_training_pass_micro_batches():
     assert parse_setting("64/keep", 8) == (True, 64, 8, True, False)  # no layer recompute
 
 
+def test_bucket_lengths_bench_zeroes_the_advantages_of_equal_groups_unless_asked_for_the_recorded_ones(tmp_path):
+    """A run recorded before 2026-12-02 holds TRL's residue (-3e-4) for a group of equal totals: the replay gives
+    it 0, as the trainer now does (departure 4), and '/trl0' keeps the recorded values."""
+    from bench.bucket_lengths import step_rows
+
+    class Tok:
+        eos_token_id = 0
+
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": [len(text)]}
+
+        def apply_chat_template(self, msgs, **kw):
+            return [1, 2]
+
+    flat = {"question": "q1", "completions": ["a", "bb"], "totals": [0.4, 0.4], "advantages": [-3e-4, -3e-4]}
+    mixed = {"question": "q2", "completions": ["a", "bb"], "totals": [1.9, 0.4], "advantages": [0.7, -0.7]}
+    f = tmp_path / "steps.jsonl"
+    f.write_text(json.dumps({"groups": [flat, mixed]}) + "\n")
+    now = step_rows(f, Tok(), "sys", 1)[0]
+    then = step_rows(f, Tok(), "sys", 1, recorded=True)[0]
+    assert [r[2] for r in now] == [0.0, 0.0, 0.7, -0.7]
+    assert [r[2] for r in then] == [-3e-4, -3e-4, 0.7, -0.7]
+
+
 def _gsm8k_rows(n: int) -> list[str]:
     return [json.dumps({"question": f"Tom has {i} apples and buys 2 more. How many now?",
                         "answer": f"{i} + 2 = <<{i}+2={i + 2}>>{i + 2}\n#### {i + 2}"}) for i in range(n)]

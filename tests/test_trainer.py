@@ -624,3 +624,51 @@ def test_packed_sampling_reaches_the_sampler(tmp_path, tokenizer, monkeypatch, p
     prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
     tr._generate_single_turn([prompt] * 4, None, None, 4)
     assert asked == [packed]
+
+
+def test_a_group_whose_totals_are_all_equal_gets_advantages_of_exactly_zero_and_its_rows_are_skipped(
+    tmp_path, tokenizer, monkeypatch
+):
+    """Departure 4: eight answers that all earn 0.3 + 0.1 have, in TRL's float32 arithmetic, a group mean 3e-8 off
+    their total and a std of ~3e-8, so TRL gives each an advantage of about -3e-4 and its `frac_reward_zero_std`
+    does not count the group. Here the group's advantages are exactly 0, the share counts it and the training
+    pass skips its rows; the group whose totals differ keeps TRL's advantages."""
+
+    def strict(completions, **kw):
+        return [1.0] * len(completions)
+
+    def soft(completions, **kw):  # the first group: all 1; the second: 1, 0, 1, 0, ...
+        return [1.0] * 8 + [float(i % 2 == 0) for i in range(len(completions) - 8)]
+
+    def run(fix: bool):
+        import grpo_app.training.trainer as T
+
+        if not fix:
+            monkeypatch.setattr(T.CurriculumGRPOTrainer, "_zero_equal_groups", lambda self, out, n: None)
+        else:
+            monkeypatch.undo()
+        cfg = load_config("tests/configs/tiny.yaml", ["grpo.num_generations=8"])
+        model = make_tiny(tokenizer)
+        freeze_embeddings(model)
+        ds = Dataset.from_list([{"prompt": [{"role": "user", "content": "1+1?"}], "answer": "2"}] * 16)
+        tr = CurriculumGRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=[strict, soft],
+                                   reward_weights=[0.3, 0.1], args=grpo_args(cfg, 0, tmp_path / str(fix), "cpu"),
+                                   train_dataset=ds, engine_options=EngineOptions())
+        tr.model.train()
+        tr.current_gradient_accumulation_steps = tr.args.gradient_accumulation_steps
+        tr.eos_token_ids = list(range(len(tokenizer)))  # one-token completions: fast
+        out = tr._generate_and_score_completions([dict(ds[0])] * 16)
+        return tr, model, out
+
+    _, _, trl_out = run(fix=False)
+    residue = trl_out["advantages"][:8]
+    assert (residue != 0).all() and residue.abs().max() < 1e-2  # TRL's: tiny, not 0 (so this test can fail)
+    tr, model, out = run(fix=True)
+    adv = out["advantages"]
+    assert adv[:8].tolist() == [0.0] * 8
+    torch.testing.assert_close(adv[8:], trl_out["advantages"][8:])
+    assert adv[8:].abs().min() > 0.5
+    assert tr._metrics["train"]["frac_reward_zero_std"][-1] == 0.5
+    assert list(tr._logs["advantages"])[:8] == [0.0] * 8  # what the step record shows
+    tr._compute_loss(model, out).backward()
+    assert tr._metrics["train"]["skipped_zero_advantage"] == [0.5]

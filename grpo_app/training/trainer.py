@@ -32,6 +32,13 @@ logging, checkpoints, resume — is TRL's own code):
    the loss and its gradient; its forward/backward is skipped and the loss is rescaled so the
    result is identical (dapo needs no rescale: its normalizer counts the whole generation batch).
    Single process only: TRL gathers per-row tensors across processes, which needs equal row counts.
+   A group whose answers all earned the same total has advantages of exactly 0 here. In TRL they are
+   float32 residue: the group mean of equal totals that are not binary fractions (0.4 = 0.3 + 0.1; 1.9)
+   can miss them in the last bit, and dividing by the group's std (~1e-8) + 1e-4 turns that into about
+   +-1e-3 (+0.0012 for every answer of an all-right group under the classroom weights), so those rows were
+   trained on with that tiny push and TRL's `frac_reward_zero_std` did not count the group. Measured on
+   the progressive preset's runs of 2026-12-01/02: 7-23 of each run's 112 groups had equal totals and
+   none was skipped or counted (docs/experiments.md). `_zero_equal_groups` sets them to 0 (single process).
 5. The EWC penalty lambda/2 * sum F (theta - theta*)^2 (lambda: the config's `ewc.lam`) is added to the
    loss once per optimizer step and logged as `ewc_penalty`. Its gradient is added to the parameters'
    gradients after clipping, just before the optimizer step (`ewc_clip_penalty=False` here, the config's
@@ -663,13 +670,50 @@ class CurriculumGRPOTrainer(GRPOTrainer):
 
     # ---- 4, 5 and 10. loss ---------------------------------------------------------------------------
     def _generate_and_score_completions(self, inputs):
-        """10. Each row's KL coefficient, from the problem it was sampled for (`inputs` holds one row per completion)."""
+        """4. A group whose answers all earned the same total gets advantages of exactly 0. 10. Each row's KL
+        coefficient, from the problem it was sampled for (`inputs` holds one row per completion)."""
         out = super()._generate_and_score_completions(inputs)
+        self._zero_equal_groups(out, len(inputs))
         if self.kl_rows is not None and out.get("ref_per_token_logps") is not None:
             ids, own, rep = self.kl_rows["ids"], self.kl_rows["own"], self.kl_rows["replayed"]
             betas = [rep if str(x.get("problem_id", "")) in ids else own for x in inputs]
             out["kl_beta"] = torch.tensor(betas, dtype=torch.float32, device=out["advantages"].device)
         return out
+
+    def _zero_equal_groups(self, out: dict, n: int) -> None:
+        """4. Advantages of exactly 0 for the groups whose G answers all earned the same total reward.
+
+        TRL's float32 group mean of G equal totals can miss them in the last bit (0.3 + 0.1, or 1.9: not
+        binary fractions), its std is then ~1e-8 instead of 0, and (total - mean) / (std + 1e-4) gives every
+        answer an advantage of about +-1e-3 (an all-right group of the classroom weights: +0.0012) instead of 0.
+        The group still teaches nothing, but its rows were trained on, so the skip of 4 did not apply, and TRL's
+        `frac_reward_zero_std` (isclose(std, 0)) did not count it. The totals are recomputed here in float64
+        from the per-function rewards TRL logged (the same weights, NaN = not applicable = 0, as TRL's nansum):
+        a group whose totals are equal to 1e-9 has its advantages, and their logged copies, set to 0, and the
+        step's `frac_reward_zero_std` is replaced by that share. Single process only (TRL's logs hold every
+        process's rows; a group's rows may span processes)."""
+        g, adv = self.num_generations, out.get("advantages")
+        names = list(getattr(self, "reward_func_names", []))
+        if (self.accelerator.num_processes != 1 or adv is None or adv.dim() != 1 or adv.numel() != n or not names
+                or n % g or any(len(self._logs["rewards"][k]) < n for k in names)
+                or len(self._logs["advantages"]) < n):
+            return
+        totals = [0.0] * n
+        for name, w in zip(names, self.reward_weights.tolist()):
+            for i, v in enumerate(list(self._logs["rewards"][name])[-n:]):
+                if v == v:
+                    totals[i] += w * v
+        flat = [max(totals[s : s + g]) - min(totals[s : s + g]) <= 1e-9 for s in range(0, n, g)]
+        rows = [s + j for k, s in enumerate(range(0, n, g)) if flat[k] for j in range(g)]
+        if rows:
+            adv[torch.tensor(rows, device=adv.device)] = 0.0
+            logged, first = self._logs["advantages"], len(self._logs["advantages"]) - n
+            for r in rows:
+                logged[first + r] = 0.0
+        mode = "train" if self.model.training else "eval"
+        shares = self._metrics[mode].get("frac_reward_zero_std")
+        if shares:
+            shares[-1] = sum(flat) / len(flat)
 
     @staticmethod
     def _rows(inputs: dict, idx: torch.Tensor) -> dict:
