@@ -279,6 +279,23 @@ def test_group_advantages_match_trl_on_random_rewards():
     assert torch.equal(torch.tensor(r["advantages"]), ((rewards - mean) / (std_b + 1e-4))[16:24])
 
 
+def test_group_advantages_give_exactly_zero_to_a_group_of_equal_totals_as_the_trainer_does():
+    """Departure 4: eight all-right answers under the classroom weights total 1.9 each; TRL's float32 mean and std
+    leave them +0.0012 each, the trainer (and so the what-if) gives 0. A group that differs keeps TRL's numbers."""
+    from trl.trainer.utils import nanstd
+
+    weights = {"correctness": 1.0, "lenient_correctness": 0.5, "strict_format": 0.3, "soft_format": 0.1}
+    ones, mixed = [1.0] * 8, [1.0, 0.0] * 4
+    table = {n: [ones, mixed if n == "correctness" else ones] for n in weights}
+    totals = torch.tensor([1.9] * 8, dtype=torch.float32)
+    residue = (totals - totals.mean()) / (nanstd(totals) + 1e-4)
+    assert (residue != 0).all()  # TRL's arithmetic: not 0 (so this test can fail)
+    res = group_advantages(table, weights)
+    assert res["advantages"][0] == [0.0] * 8
+    assert min(abs(a) for a in res["advantages"][1]) > 0.5
+    assert what_if({"completions": ["x"] * 8, "rewards": {n: ones for n in weights}}, weights)["advantages"] == [0.0] * 8
+
+
 def test_forced_hint_spans_and_the_loss_mode_are_kept_in_the_record(tmp_path):
     """Departure 8: the record keeps where the trainer wrote the hint (Answers across training and the CLI mark
     it from there), cut with its text; groups without a hint carry no spans."""

@@ -7,7 +7,9 @@ TRL 1.16 (`GRPOTrainer._generate_and_score_completions`, the default "sum_then_n
               or of every total of the generation batch ("batch")
   advantage = total_i - mean, divided by (std + 1e-4) unless scale_rewards is "none"
 `group_advantages` does the same operations in float32 torch, so with a run's own weights it gives the
-advantages the run recorded (tests/test_step_history.py checks it against a trained step and TRL's `nanstd`).
+advantages the run recorded (tests/test_step_history.py checks it against a trained step and TRL's `nanstd`),
+including the trainer's one change to them (departure 4): a group whose totals are all equal gets exactly 0,
+where TRL's float32 mean and std leave about +-1e-3 (the totals are compared in float64).
 
 `what_if` is the classroom tool of "Inside a GRPO step": change the reward weights (a reward the run did not
 use is scored now from the completion's text) or keep only the first n completions, and see the totals,
@@ -72,6 +74,11 @@ def group_advantages(
     if scale_rewards != "none":
         adv = adv / (std + STD_EPS)
     adv = torch.nan_to_num(adv, nan=0.0)
+    exact = [sum(float(weights[n]) * v for n, v in zip(names, row) if v == v) for row in per_func.tolist()]
+    for g in range(n_groups):  # departure 4: equal totals teach nothing, and get exactly 0
+        part = exact[g * size : (g + 1) * size]
+        if max(part) - min(part) <= 1e-9:
+            adv[g * size : (g + 1) * size] = 0.0
 
     def groups(t):
         return [t[g * size : (g + 1) * size].tolist() for g in range(n_groups)]
