@@ -38,7 +38,10 @@ logging, checkpoints, resume — is TRL's own code):
    +-1e-3 (+0.0012 for every answer of an all-right group under the classroom weights), so those rows were
    trained on with that tiny push and TRL's `frac_reward_zero_std` did not count the group. Measured on
    the progressive preset's runs of 2026-12-01/02: 7-23 of each run's 112 groups had equal totals and
-   none was skipped or counted (docs/experiments.md). `_zero_equal_groups` sets them to 0 (single process).
+   none was skipped or counted. `_zero_equal_groups` sets them to 0 (single process). Measured against
+   TRL's values: seed 2's run replayed (bench/bucket_lengths.py, '/trl0'), the training pass ran 0.876x the
+   positions in 0.772x the time; trained again, the run sampled the same tokens for 13 steps, then drifted
+   as float rounding does (docs/experiments.md, 2026-12-02).
 5. The EWC penalty lambda/2 * sum F (theta - theta*)^2 (lambda: the config's `ewc.lam`) is added to the
    loss once per optimizer step and logged as `ewc_penalty`. Its gradient is added to the parameters'
    gradients after clipping, just before the optimizer step (`ewc_clip_penalty=False` here, the config's
