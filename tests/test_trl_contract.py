@@ -25,7 +25,7 @@ from .test_trainer import make_trainer
 # Methods the subclass adds (not overrides): everything else it defines must exist on TRL's side.
 OWN_METHODS = {
     "_ewc_grad_hook", "_emit_groups", "_shared_prefix_logps", "_create_optimizer", "_set_activity", "_abort_requested",
-    "_check_abort", "_forced_span", "_share", "_rows_loss",
+    "_check_abort", "_forced_span", "_share", "_rows_loss", "_zero_equal_groups",
 }
 
 
@@ -42,7 +42,7 @@ def test_the_list_of_overrides_is_what_the_trainer_documents():
     assert _overrides() == [
         "_compute_loss",
         "_generate",  # 8: the forced hint's tokens get 0 in TRL's tool_mask (force_answer_line_loss = mask)
-        "_generate_and_score_completions",  # 10: each row's KL coefficient (`kl_beta`) added to TRL's output
+        "_generate_and_score_completions",  # 4: equal groups' advantages exactly 0; 10: each row's `kl_beta`
         "_generate_single_turn",
         "_get_output_dir",
         "_get_per_token_logps_and_entropies",
@@ -69,7 +69,7 @@ def test_trl_still_has_each_overridden_method_with_the_same_parameters(name):
 def test_the_private_attributes_the_overrides_read_are_still_set(tmp_path, tokenizer):
     tr = make_trainer(tmp_path, make_tiny(tokenizer), tokenizer)
     for attr in ("_step", "_buffered_inputs", "_metrics", "use_vllm", "eos_token_ids", "num_iterations",
-                 "max_completion_length", "temperature", "top_p"):
+                 "max_completion_length", "temperature", "top_p", "_logs", "reward_func_names", "reward_weights"):
         assert hasattr(tr, attr), f"TRL no longer sets self.{attr}, which the trainer's overrides read"
     assert callable(getattr(tr, "_generate_and_score_completions", None))
 
