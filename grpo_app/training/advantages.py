@@ -36,6 +36,16 @@ def _nanstd(t: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     return std.squeeze() if dim is None else std.squeeze(dim)
 
 
+def equal_groups(rewards: dict[str, list[float]], weights: dict[str, float], size: int) -> list[bool]:
+    """Departure 4: for each group of `size` consecutive rows, whether every row earned the same total. `rewards`:
+    {function name: [reward per row]}; totals in float64 (a NaN reward counts 0, as TRL's nansum), equal to 1e-9,
+    so float32 residue in TRL's mean cannot hide an equal group."""
+    names = [n for n in rewards if n in weights]
+    rows = len(rewards[names[0]]) if names else 0
+    totals = [sum(float(weights[n]) * rewards[n][i] for n in names if rewards[n][i] == rewards[n][i]) for i in range(rows)]
+    return [max(totals[s : s + size]) - min(totals[s : s + size]) <= 1e-9 for s in range(0, rows, size)]
+
+
 def group_advantages(
     rewards: dict[str, list[list[float]]], weights: dict[str, float], scale_rewards: str = "group"
 ) -> dict:
@@ -74,10 +84,9 @@ def group_advantages(
     if scale_rewards != "none":
         adv = adv / (std + STD_EPS)
     adv = torch.nan_to_num(adv, nan=0.0)
-    exact = [sum(float(weights[n]) * v for n, v in zip(names, row) if v == v) for row in per_func.tolist()]
-    for g in range(n_groups):  # departure 4: equal totals teach nothing, and get exactly 0
-        part = exact[g * size : (g + 1) * size]
-        if max(part) - min(part) <= 1e-9:
+    flat = equal_groups({n: [v for g in rewards[n] for v in g] for n in names}, weights, size) if size else []
+    for g, equal in enumerate(flat):  # departure 4: equal totals teach nothing, and get exactly 0
+        if equal:
             adv[g * size : (g + 1) * size] = 0.0
 
     def groups(t):

@@ -102,6 +102,7 @@ from transformers.cache_utils import DynamicLayer
 from trl import GRPOTrainer
 
 from grpo_app.core.fileio import publish_dir
+from grpo_app.training.advantages import equal_groups
 from grpo_app.training.estimate import LOGPROB_CHUNK  # (one value: the training pass and the memory estimate)
 from grpo_app.training.optim import AdamWBF16Moments, trim_heap
 from grpo_app.training.sampler import SamplingParams, generate_completions
@@ -701,12 +702,8 @@ class CurriculumGRPOTrainer(GRPOTrainer):
                 or n % g or any(len(self._logs["rewards"][k]) < n for k in names)
                 or len(self._logs["advantages"]) < n):
             return
-        totals = [0.0] * n
-        for name, w in zip(names, self.reward_weights.tolist()):
-            for i, v in enumerate(list(self._logs["rewards"][name])[-n:]):
-                if v == v:
-                    totals[i] += w * v
-        flat = [max(totals[s : s + g]) - min(totals[s : s + g]) <= 1e-9 for s in range(0, n, g)]
+        flat = equal_groups({k: list(self._logs["rewards"][k])[-n:] for k in names},
+                            dict(zip(names, self.reward_weights.tolist())), g)
         rows = [s + j for k, s in enumerate(range(0, n, g)) if flat[k] for j in range(g)]
         if rows:
             adv[torch.tensor(rows, device=adv.device)] = 0.0
