@@ -15,12 +15,15 @@ one ending in '/keep' recomputes nothing: every layer keeps its activations for 
 (`grpo.gradient_checkpointing: false`). One ending in '/trl0' replays the advantages as the run recorded them;
 without it, a group whose answers all earned the same total gets advantages of exactly 0, as the trainer gives
 them since 2026-12-02 (departure 4; the runs before recorded TRL's float32 residue, about +-1e-3, and trained
-those rows).
+those rows). One with '/reproject' has the LM head project every tile of logits again in backward, as TRL's
+does; without it, the pass keeps them from the forward, as the trainer does since 2026-12-02 (departure 3,
+`training/lm_head.py`; the same numbers bit for bit).
 
     python bench/bucket_lengths.py --run models/runs/RUN --settings off,0,16,32,64,64@32 --out assets/bucket_lengths.json
     python bench/bucket_lengths.py --run models/runs/RUN --settings 64,64/whole --out assets/recompute_split.json
     python bench/bucket_lengths.py --run models/runs/RUN --config progressive --settings 64,64/keep --every 2
     python bench/bucket_lengths.py --run models/runs/RUN --config progressive --settings 64/keep/trl0,64/keep
+    python bench/bucket_lengths.py --run models/runs/RUN --config progressive --settings 64/keep/reproject,64/keep
 """
 
 from __future__ import annotations
@@ -42,7 +45,9 @@ from bench.common import emit  # noqa: E402
 from grpo_app.core.config import load_config  # noqa: E402
 from grpo_app.core.prompts import prompt_ids  # noqa: E402
 from grpo_app.core.rewards import build_rewards  # noqa: E402
+from grpo_app.training import lm_head  # noqa: E402
 from grpo_app.training.engine import prepare_model  # noqa: E402
+from grpo_app.training.estimate import KEPT_LOGITS_BYTES  # noqa: E402
 from grpo_app.training.lean import decoder_layers  # noqa: E402
 from grpo_app.training.settings import grpo_args  # noqa: E402
 from grpo_app.training.trainer import CurriculumGRPOTrainer, EngineOptions, restore_forward  # noqa: E402
@@ -111,7 +116,8 @@ def main() -> None:
     run = Path(a.run)
     settings = a.settings.split(",")
     model, tok, _ = prepare_model(cfg)
-    recorded_of = {s: s.endswith("/trl0") for s in settings}
+    recorded_of = {s: "/trl0" in s for s in settings}
+    budget_of = {s: 0 if "/reproject" in s else KEPT_LOGITS_BYTES for s in settings}
     steps_of = {r: step_rows(run / "steps.jsonl", tok, cfg.data.system_prompt, a.every, recorded=r)
                 for r in set(recorded_of.values())}
     steps = next(iter(steps_of.values()))
@@ -122,7 +128,8 @@ def main() -> None:
     layers = [m for m in decoder_layers(model) if hasattr(m, "_grpo_recompute")]
     with tempfile.TemporaryDirectory() as tmp:
         for s in settings:
-            bucket, overhead, micro, split_of[s], recompute_of[s] = parse_setting(s.removesuffix("/trl0"), cfg.micro_batch)
+            bucket, overhead, micro, split_of[s], recompute_of[s] = parse_setting(
+                s.replace("/trl0", "").replace("/reproject", ""), cfg.micro_batch)
             scfg = copy.deepcopy(cfg)
             scfg.grpo.micro_batch_size = micro
             restore_forward(model)
@@ -148,7 +155,8 @@ def main() -> None:
                 mbs = micro_batches(rows, micro_of[s], tok.pad_token_id)
                 t0 = time.perf_counter()
                 for mb in mbs:
-                    trainers[s]._compute_loss(model, mb).backward()
+                    with lm_head.keep_logits(budget_of[s]):  # (as the trainer's training_step, per micro-batch)
+                        trainers[s]._compute_loss(model, mb).backward()
                 seconds[s] += time.perf_counter() - t0
                 hook.remove()
                 positions[s] += sum(seen)

@@ -6,7 +6,9 @@ fast path would be skipped with no error. These tests fail instead:
    expects (names, in order);
 2. the private attributes the overrides read are still set by TRL's constructor;
 3. one real optimizer step on a tiny model goes through the project's sampler
-   (`generation.generate_completions`, never HF `generate`) and its shared-prefix log-prob pass.
+   (`generation.generate_completions`, never HF `generate`), its shared-prefix log-prob pass and, on the CPU,
+   the LM head that keeps its logits for backward (`lm_head`, which stands in for TRL's fused head function);
+4. the TRL names `lm_head` copies or calls still exist.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import inspect
 import pytest
 from trl import GRPOTrainer
 
+from grpo_app.training import lm_head
 from grpo_app.training import trainer as trainer_mod
 from grpo_app.training.trainer import CurriculumGRPOTrainer
 
@@ -76,7 +79,7 @@ def test_the_private_attributes_the_overrides_read_are_still_set(tmp_path, token
 
 def test_a_training_step_goes_through_the_project_sampler_and_shared_prefix_pass(tmp_path, tokenizer, monkeypatch):
     model = make_tiny(tokenizer)
-    calls = {"sampler": 0, "shared_prefix": 0}
+    calls = {"sampler": 0, "shared_prefix": 0, "kept_head": 0}
 
     real_sampler = trainer_mod.generate_completions
 
@@ -93,6 +96,13 @@ def test_a_training_step_goes_through_the_project_sampler_and_shared_prefix_pass
         calls["shared_prefix"] += 1
         return real_shared(self, *args, **kwargs)
 
+    real_kept = lm_head.KeptTilesLogProb.apply
+
+    def counting_kept(*args, **kwargs):
+        calls["kept_head"] += 1
+        return real_kept(*args, **kwargs)
+
+    monkeypatch.setattr(lm_head.KeptTilesLogProb, "apply", counting_kept)
     monkeypatch.setattr(trainer_mod, "generate_completions", counting_sampler)
     monkeypatch.setattr(CurriculumGRPOTrainer, "_shared_prefix_logps", counting_shared)
     monkeypatch.setattr(model, "generate", no_hf_generate)
@@ -103,6 +113,23 @@ def test_a_training_step_goes_through_the_project_sampler_and_shared_prefix_pass
     assert tr.state.global_step == 1
     assert calls["sampler"] >= 1, "the step did not sample through generation.generate_completions"
     assert calls["shared_prefix"] >= 1, "the step's log-probs did not go through the shared-prefix pass"
+    assert calls["kept_head"] >= 1, "the training pass's LM head did not keep its logits (TRL's head was not routed)"
+
+
+def test_trl_still_has_the_fused_lm_head_names_lm_head_relies_on():
+    import trl.trainer.utils as trl_utils
+    from trl.kernels import chunked_logprob
+
+    assert trl_utils._ChunkedLogProbFunction is lm_head._Dispatch  # installed by trainer.py at import
+    assert "_ChunkedLogProbFunction.apply(" in inspect.getsource(trl_utils.add_fused_lm_head)
+    for name in ("ChunkedLogProbFunction", "_forward_tile", "_backward_tile", "_addmm_fp32", "_use_triton",
+                 "TOKEN_CHUNK_SIZE", "OPTIONAL_OUTPUTS"):
+        assert hasattr(chunked_logprob, name), name
+    assert callable(getattr(trl_utils, "maybe_gather_lm_head_ctx", None))
+    # the forward and backward kept-tiles copies: TRL's torch path still projects each tile with torch.mm into a
+    # reused buffer and recomputes it in backward (if TRL stops recomputing, this module is not needed)
+    src = inspect.getsource(chunked_logprob.ChunkedLogProbFunction.backward)
+    assert "torch.mm(hidden_chunk, w_chunk.t(), out=tile)" in src and "_backward_tile" in src
 
 
 def test_trl_still_builds_its_kl_reference_through_create_model_from_path():

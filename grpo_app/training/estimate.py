@@ -43,7 +43,9 @@ GEN_UTIL = ((16, 0.177), (32, 0.259), (64, 0.33), (128, 0.38), (256, 0.413))  # 
 TRAIN_UTIL = 0.61
 ACT_FACTOR = 1.39  # measured bytes kept per token and layer / 4 x (4d + 2I + 2 q/o + 2 k/v widths), SmolLM2
 RUNTIME_BYTES = 643 * MB  # 2250 MB measured - 1607 MB estimated for the rest (quick preset)
-LOGPROB_CHUNK = 512  # LM-head positions per chunk in the training pass (trainer.py uses this one)
+LOGPROB_CHUNK = 512  # vocabulary columns per LM-head tile in the training pass (trainer.py uses this one)
+LOGPROB_TILE_ROWS = 4096  # positions per LM-head tile (TRL 1.16's TOKEN_CHUNK_SIZE)
+KEPT_LOGITS_BYTES = 256 * MB  # a micro-batch's LM-head logits kept for backward, at most (trainer departure 3)
 
 # Shapes of the hub models the presets name (their config.json), for machines that have not downloaded them.
 KNOWN_SHAPES = {
@@ -257,9 +259,11 @@ def estimate_step(cfg: Config, machine: Machine | None = None) -> StepEstimate |
     mb_tokens = micro * length + max(1, micro // g.num_generations) * plen
     # recompute: one layer's activations at a time; frozen layers below the trained ones keep none
     kept_layers = 1 if g.gradient_checkpointing else trained_layers
+    kept_logits = micro * length * vocab * f32  # (without Triton, up to the budget: lm_head)
     training = {
         "activations": mb_tokens * (kept_layers * act + (trained_layers * d * f32 if g.gradient_checkpointing else 0)),
-        "LM-head chunk": min(LOGPROB_CHUNK, micro * length) * vocab * f32 * 2,
+        "LM-head tile": min(LOGPROB_TILE_ROWS, micro * length) * min(LOGPROB_CHUNK, vocab) * f32 * 2,
+        "LM-head logits kept": min(kept_logits, KEPT_LOGITS_BYTES) if machine.device not in ("cuda", "xpu") else 0,
     }
     phase, extra = max((("sampling", sampling), ("training pass", training)), key=lambda x: sum(x[1].values()))
     parts = {**held, **extra}

@@ -28,6 +28,10 @@ logging, checkpoints, resume — is TRL's own code):
    as they do once some completions stop at their answer line (`length_buckets`). Every bucket but the
    last runs on aliases of the weights, like the prompt pass, so several buckets are single process
    only; with several processes all rows run as one bucket, still cut to its longest row.
+   On a CPU, TRL's fused LM head keeps each tile of logits it projects for the backward pass instead of
+   projecting it again there (`lm_head.KeptTilesLogProb`, TRL's own tile code otherwise): equal bit for bit,
+   one matrix product fewer per tile (the LM head alone 0.76x as long, 600 positions of SmolLM2), for the
+   micro-batch's logits held until its backward (within `estimate.KEPT_LOGITS_BYTES`; beyond it, TRL's path).
 4. With beta = 0 and no entropy bonus, a completion whose advantage is 0 contributes exactly 0 to
    the loss and its gradient; its forward/backward is skipped and the loss is rescaled so the
    result is identical (dapo needs no rescale: its normalizer counts the whole generation batch).
@@ -102,8 +106,9 @@ from transformers.cache_utils import DynamicLayer
 from trl import GRPOTrainer
 
 from grpo_app.core.fileio import publish_dir
+from grpo_app.training import lm_head
 from grpo_app.training.advantages import equal_groups
-from grpo_app.training.estimate import LOGPROB_CHUNK  # (one value: the training pass and the memory estimate)
+from grpo_app.training.estimate import KEPT_LOGITS_BYTES, LOGPROB_CHUNK  # (one value each: training and estimate)
 from grpo_app.training.optim import AdamWBF16Moments, trim_heap
 from grpo_app.training.sampler import SamplingParams, generate_completions
 
@@ -115,11 +120,14 @@ class StepAborted(Exception):
         super().__init__(f"step abandoned during {where.get('what')}")
         self.where = dict(where)
 
-# TRL's fused LM head projects 32768 positions per chunk: a [32768, vocab] float32 block (and its
-# softmax temporaries) is ~0.5 GB at peak for SmolLM2. 512 positions keep the GEMMs efficient and
-# the peak small (measured: backward peak RSS 3.1 -> 2.6 GB, same step time).
+# TRL's fused LM head projects the positions onto 32768 vocabulary columns per tile (TRL 1.16: tiles of up to
+# 4096 positions x `_CHUNKED_LOGPROB_CHUNK_SIZE` columns): a [positions, 32768] float32 tile and its softmax
+# temporaries. 512 columns keep the GEMMs efficient and the peak small (measured when this was set, with TRL's
+# chunking of the day: backward peak RSS 3.1 -> 2.6 GB, same step time). On a CPU the training pass keeps the
+# tiles for backward instead of projecting them again (departure 3, `lm_head`).
 if hasattr(_trl_utils, "_CHUNKED_LOGPROB_CHUNK_SIZE"):
     _trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE = min(_trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE, LOGPROB_CHUNK)
+lm_head.install()
 
 
 @dataclass
@@ -139,6 +147,7 @@ class EngineOptions:
     force_answer_line: float = 0.0  # share of line-less endings given "\n####" to finish (8)
     force_answer_line_loss: str = "train"  # "train" the forced tokens like sampled ones, or "mask" them out (8)
     force_answer_line_run_on: bool = True  # also force endings whose answer is run on, '134.#### 134' (8)
+    keep_lm_head_logits: bool = True  # training pass on a CPU: LM-head logits kept for backward, not projected again (3)
 
 
 def _unwrap_peft(model):
@@ -410,7 +419,8 @@ class CurriculumGRPOTrainer(GRPOTrainer):
         else:
             self._set_activity("micro-batch", micro=micro + 1, micro_total=accum)
             self._check_abort()
-        out = super().training_step(model, inputs, num_items_in_batch)
+        with lm_head.keep_logits(KEPT_LOGITS_BYTES if self.opts.keep_lm_head_logits else 0):  # 3. per micro-batch
+            out = super().training_step(model, inputs, num_items_in_batch)
         if self.opts.trim_heap:
             trim_heap()  # activations of this micro-batch were just freed
         return out
