@@ -9,8 +9,9 @@ projects every tile a second time and turns it into the logits' gradient in plac
 forward keeps each tile and the backward reuses it instead of projecting again. Everything else is TRL's own
 code: the tiles are the same products of the same inputs, folded by TRL's `_forward_tile` and turned into the
 gradient by TRL's `_backward_tile`, in the same order; log-probabilities, entropies and gradients are equal bit
-for bit (tests/test_lm_head.py). One matrix product per tile fewer: the LM head is a fifth of the training pass
-on SmolLM2 (vocabulary 49,152, hidden 576), its backward's re-projection a third of that. The cost is memory:
+for bit (tests/test_lm_head.py). One matrix product per tile fewer, of the three a tile costs (the frozen head
+of SmolLM2 has no weight gradient): measured on the progressive preset's groups, the training pass 0.969x as long
+(bench/bucket_lengths.py '/reproject'; docs/experiments.md, 2026-12-02). The cost is memory:
 the logits of a micro-batch's positions are held from its forward to its backward, positions x vocabulary x 4
 bytes (the progressive preset, 8 answers of up to 96 tokens: up to ~150 MB), within a budget
 (`estimate.KEPT_LOGITS_BYTES`): a call whose logits would take the calls kept so far past it runs as TRL's. Only a

@@ -30,8 +30,10 @@ logging, checkpoints, resume — is TRL's own code):
    only; with several processes all rows run as one bucket, still cut to its longest row.
    On a CPU, TRL's fused LM head keeps each tile of logits it projects for the backward pass instead of
    projecting it again there (`lm_head.KeptTilesLogProb`, TRL's own tile code otherwise): equal bit for bit,
-   one matrix product fewer per tile (the LM head alone 0.76x as long, 600 positions of SmolLM2), for the
-   micro-batch's logits held until its backward (within `estimate.KEPT_LOGITS_BYTES`; beyond it, TRL's path).
+   one matrix product fewer per tile, for the micro-batch's logits held until its backward (within
+   `estimate.KEPT_LOGITS_BYTES`; beyond it, TRL's path). Measured: the progressive preset's runs of seeds 2, 1
+   and 42 trained again gave byte-identical final models; seed 2's groups replayed, the training pass 0.969x
+   as long (bench/bucket_lengths.py '/reproject'; docs/experiments.md, 2026-12-02).
 4. With beta = 0 and no entropy bonus, a completion whose advantage is 0 contributes exactly 0 to
    the loss and its gradient; its forward/backward is skipped and the loss is rescaled so the
    result is identical (dapo needs no rescale: its normalizer counts the whole generation batch).
