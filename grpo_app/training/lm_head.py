@@ -161,7 +161,8 @@ class KeptTilesLogProb(torch.autograd.Function):
 
 class _Dispatch:
     """What TRL's fused forward calls (`trl.trainer.utils._ChunkedLogProbFunction`): the kept-tiles function inside
-    `keep_logits(True)` on a device without Triton when the result will be differentiated, else TRL's own."""
+    `keep_logits(budget)` on a device without Triton when the result will be differentiated and its logits fit in
+    what is left of the budget, else TRL's own."""
 
     @staticmethod
     def apply(hidden, weight, *args):
