@@ -2,7 +2,8 @@
 weights, and with EWC its Fisher and anchors) and trains the later stages of another config (issue 42).
 
     python bench/stage_branch.py --from models/runs/<RUN> --after 2 --config configs/progressive.yaml \\
-        [--set "stages[2].operators=+"] [--name NAME]
+        [--set "stages[2].operators=+"] [--name NAME] \\
+        [--allow grpo.prompts_per_step,grpo.num_generations,run.seed]
 
 Why: a third stage can be screened in the time of one stage instead of the whole preset. The new run folder
 gets the source's records of stages 1..K (metrics, what they trained on, their stage-end weights and EWC
@@ -11,7 +12,9 @@ runs stages K+1.. exactly as a resumed run does (`engine.train`: a checkpoint at
 weights and EWC state and goes on with the next stage). The branch's config must equal the source's in the
 first K stages and in model, data, rewards, GRPO and EWC settings (the EWC ones only where the penalty is on;
 after stage 1, which never has a penalty, the branch may turn it off or change its strength λ) and the run seed
-(checked; a difference is refused). Against training straight through: each stage's trainer seeds itself
+(checked; a difference is refused, but for the GRPO settings and the run seed named with `--allow`: they act only
+in the stages the branch trains, so a screen of a later stage's grouping or of another draw may change them;
+the stages before the branch keep the source's records either way). Against training straight through: each stage's trainer seeds itself
 from the run seed and the stage's index when it is built (`settings.py`), and the sampler's from those and
 the step, so a branch with the straight run's settings replays its stage K+1; measured once, a seed-42 branch
 after stage 2 of `progressive` and the same preset trained straight through gave the same held-out matrix,
@@ -38,10 +41,13 @@ sys.path.insert(0, str(ROOT))
 # EWC settings that only weigh the penalty in the stages after the first (the Fisher kept at stage 1's end does
 # not depend on them): a branch after stage 1 may change them.
 _PENALTY_ONLY = ("lam", "clip_penalty", "offload")
+# Settings a branch may change with --allow: they act only in the stages it trains (sampling and grouping).
+ALLOWABLE = ("grpo.prompts_per_step", "grpo.num_generations", "grpo.micro_batch_size", "grpo.temperature", "run.seed")
 
 
-def differences(src, cfg, k: int) -> list[str]:
-    """Settings in which `cfg` may not differ from the source run's config `src` for a branch after k stages."""
+def differences(src, cfg, k: int, allow: tuple[str, ...] = ()) -> list[str]:
+    """Settings in which `cfg` may not differ from the source run's config `src` for a branch after k stages
+    (`allow`: names from ALLOWABLE that may differ)."""
     out = []
     if len(cfg.stages) <= k:
         out.append(f"the config has {len(cfg.stages)} stages: nothing left to train after stage {k}")
@@ -60,7 +66,7 @@ def differences(src, cfg, k: int) -> list[str]:
         out += [f"{section}.{key}: {a[key]!r} in the source, {b.get(key)!r} here" for key in a if a[key] != b.get(key)]
     if src.run.seed != cfg.run.seed:
         out.append(f"run.seed: {src.run.seed} in the source, {cfg.run.seed} here")
-    return out
+    return [d for d in out if d.split(":", 1)[0] not in allow]
 
 
 def _jsonl_upto(path: Path, step: int) -> str:
@@ -78,7 +84,7 @@ def _jsonl_upto(path: Path, step: int) -> str:
     return "".join(keep)
 
 
-def branch(src_dir: Path, k: int, cfg) -> Path:
+def branch(src_dir: Path, k: int, cfg, allow: tuple[str, ...] = ()) -> Path:
     """Create the branch's run folder (see the module docstring) and return it."""
     from safetensors.torch import save_file
 
@@ -89,7 +95,7 @@ def branch(src_dir: Path, k: int, cfg) -> Path:
 
     src = RunDir(src_dir)
     scfg = src.config()
-    problems = differences(scfg, cfg, k)
+    problems = differences(scfg, cfg, k, allow)
     if problems:
         raise SystemExit("cannot branch: " + "; ".join(problems))
     if src.stage_end_weights(k - 1) is None:
@@ -137,6 +143,8 @@ def main() -> None:
     ap.add_argument("--config", required=True)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--name", default="", help="run.name of the branch")
+    ap.add_argument("--allow", default="", help="comma-separated settings that may differ from the source's: "
+                    + ", ".join(ALLOWABLE))
     ap.add_argument("--no-train", action="store_true", help="only create the folder")
     a = ap.parse_args()
     sets = list(a.set) + ([f"run.name={a.name}"] if a.name else [])
@@ -146,7 +154,11 @@ def main() -> None:
         raise SystemExit(f"cannot branch: {e}") from None
     if a.after < 1:
         raise SystemExit("--after: 1 or more")
-    path = branch(Path(a.src), a.after, cfg)
+    allow = tuple(x.strip() for x in a.allow.split(",") if x.strip())
+    unknown = [x for x in allow if x not in ALLOWABLE]
+    if unknown:
+        raise SystemExit(f"--allow {', '.join(unknown)}: only {', '.join(ALLOWABLE)} may differ from the source")
+    path = branch(Path(a.src), a.after, cfg, allow)
     rc = 0
     if not a.no_train:
         env = {**os.environ, "GRPO_APP_RUNS_DIR": str(path.parent)}

@@ -251,6 +251,19 @@ def test_a_branch_after_stage_1_may_drop_or_reweigh_the_penalty_but_not_invent_i
     assert differences(off, ewc, 1) == ["ewc.enabled: False in the source, True here"]
 
 
+def test_a_branch_may_change_the_grouping_or_the_seed_only_when_allowed():
+    """bench/stage_branch.differences with `allow`: the named settings may differ, no other one."""
+    from bench.stage_branch import differences
+
+    src = load_config("tests/configs/tiny.yaml", ["stages[1].steps=1"])
+    other = load_config("tests/configs/tiny.yaml", ["stages[1].steps=1", "grpo.prompts_per_step=3", "run.seed=7",
+                                                    "grpo.max_completion_length=9"])
+    found = differences(src, other, 1)
+    assert {d.split(":")[0] for d in found} == {"grpo.prompts_per_step", "grpo.max_completion_length", "run.seed"}
+    kept = differences(src, other, 1, ("grpo.prompts_per_step", "run.seed"))
+    assert [d.split(":")[0] for d in kept] == ["grpo.max_completion_length"]
+
+
 def test_a_branch_starts_where_the_source_stood_after_stage_k_and_trains_the_rest(runs, tmp_path, monkeypatch):
     """bench/stage_branch.py: the branch's stage-1 weights and EWC state are the source's, its stage 2 trains
     from them under the source's penalty (the loaded Fisher is active), and a config that differs from the
