@@ -12,6 +12,10 @@ on held-out problems like each stage of a config, greedy and never forced, and p
 * `--pass-k K`: also K answers per problem sampled at temperature 0.8 (the presets' training temperature):
   pass@K says whether GRPO has anything to reinforce (a task no sample ever solves gives groups of equal
   rewards and no gradient). Off by default (it costs K times the greedy pass).
+* Each cell also gives `modal_answer`: the task's most common right answer, its share of the problems (what a model
+  that always wrote it would score), and the model's right answers split into those problems and the others, with
+  how often it wrote that answer. One-digit taking-away stories come out as 1 about a third of the time, so a
+  stage can look like it teaches while it learns to write 1 (measured 2026-12-03: one branch did).
 * With `--before NAME[,NAME...]`: paired exact McNemar of each model against each model named there (a stage's
   model against the one before it: `--before n1,n2` pairs the stage-3 model with stage 2's as well).
 """
@@ -42,6 +46,23 @@ def load(spec: str, base_name: str):
         spec = str(Path(spec) / "final")
     model, tok, _ = load_for_eval(spec)
     return model, tok
+
+
+def answer_breakdown(records: list[dict]) -> dict:
+    """The task's most common right answer (`stats.modal_answer`) and how a model's records stand to it: `share` of
+    the problems whose right answer it is (the score of a model that always wrote it), right answers on those problems
+    (`right_modal`) and on the others (`right_other` of `n_other`), and how often the model wrote it (`wrote_modal`)."""
+    from grpo_app.evaluation.stats import modal_answer
+
+    top = modal_answer([r["gold"] for r in records])
+    if top is None:
+        return {}
+    modal, share = top
+    on = [r for r in records if r["gold"] == modal]
+    off = [r for r in records if r["gold"] != modal]
+    return {"answer": modal, "share": share, "right_modal": sum(bool(r["correct"]) for r in on),
+            "n_modal": len(on), "right_other": sum(bool(r["correct"]) for r in off), "n_other": len(off),
+            "wrote_modal": sum(r.get("pred") == modal for r in records)}
 
 
 def main() -> None:
@@ -98,7 +119,8 @@ def main() -> None:
             res = evaluate(model, tok, probs, s)
             right = sum(r["correct"] for r in res["records"])
             cell = {"accuracy": res["summary"]["accuracy"], "ci": list(wilson_interval(right, len(probs))),
-                    "format_rate": res["summary"]["format_rate"], "mean_tokens": res["summary"]["mean_tokens"]}
+                    "format_rate": res["summary"]["format_rate"], "mean_tokens": res["summary"]["mean_tokens"],
+                    "modal_answer": answer_breakdown(res["records"])}
             if a.pass_k:
                 s.pass_k, s.pass_temperature = a.pass_k, 0.8
                 counts = [r["correct"] for r in sample_pass_k(model, tok, probs, s)["records"]]

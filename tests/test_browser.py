@@ -173,6 +173,7 @@ def test_stage_task_matrix_beside_a_run_without_ewc(page, server, shots):
     assert all("% [" in t[3] and "vs the row above" in t[3] for t in traces)  # interval and paired change on hover
     note = page.inner_text("#matrix-note")
     assert f"{ids[True]} (EWC λ" in note and f"{ids[False]} (no EWC)" in note and "plasticity" in note
+    assert note.count("what a model that always wrote it would score") == 2  # each task's floor (2 tasks)
     page.screenshot(path=str(shots / "screenshot_matrix.png"), full_page=True)
 
 

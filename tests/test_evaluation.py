@@ -3,7 +3,15 @@ import pytest
 from grpo_app.core.config import DataConfig
 from grpo_app.core.data import Problem
 from grpo_app.evaluation.scoring import EvalSettings, compare_csv, eval_problems, evaluate, score_output, summarize
-from grpo_app.evaluation.stats import mcnemar_exact, paired, wilson_interval
+from grpo_app.evaluation.stats import mcnemar_exact, modal_answer, paired, wilson_interval
+
+
+def test_modal_answer_is_the_score_of_always_writing_the_commonest_answer():
+    assert modal_answer(["1", "3", "1", "12", "1", "3"]) == ("1", 0.5)
+    # a tie goes to the shorter answer, then the first in sort order, whatever the order of the problems
+    assert modal_answer(["10", "9", "10", "9"]) == ("9", 0.5)
+    assert modal_answer(["b", "a"]) == modal_answer(["a", "b"]) == ("a", 0.5)
+    assert modal_answer([]) is None
 
 
 def test_wilson_interval_known_values():

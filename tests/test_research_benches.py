@@ -449,3 +449,19 @@ def test_packed_sampling_bench_on_the_tiny_model(tmp_path):
     w = r["whole_step"]
     assert w["steps"] == 2 and w["sampling_share"] == 0.4
     assert w["step_time_ratio"] == pytest.approx(0.6 + 0.4 * t["packed_over_plain"], abs=2e-3)
+
+
+def test_answer_breakdown_splits_the_right_answers_at_the_tasks_most_common_answer():
+    from bench.curriculum_screen import answer_breakdown
+
+    def rec(gold, pred):
+        return {"gold": gold, "pred": pred, "correct": gold == pred}
+
+    # 3 of 6 problems have the answer 1; the model writes 1 four times (two right), and gets 1 of the 3 others
+    records = [rec("1", "1"), rec("1", "1"), rec("1", "4"), rec("5", "1"), rec("7", "7"), rec("12", "1")]
+    b = answer_breakdown(records)
+    assert b == {"answer": "1", "share": 0.5, "right_modal": 2, "n_modal": 3, "right_other": 1, "n_other": 3,
+                 "wrote_modal": 4}
+    # a tie goes to the smaller answer, whatever the order; no records, no breakdown
+    assert answer_breakdown([rec("10", "10"), rec("9", "3")])["answer"] == "9"
+    assert answer_breakdown([]) == {}

@@ -68,6 +68,10 @@ def test_the_matrix_scores_every_stage_model_on_every_task(runs):
         probs, _ = spec.problems()
         direct = evaluate(model, tok, probs, spec.settings)["records"]
         assert m["rows"][1][j]["correct"] == sum(r["correct"] for r in direct)
+        # the floor a constant answer earns, counted here from the same problems
+        golds = [str(p.answer) for p in probs]
+        assert m["tasks"][j]["modal_share"] == max(golds.count(g) for g in golds) / len(golds)
+        assert golds.count(m["tasks"][j]["modal_answer"]) == max(golds.count(g) for g in golds)
     acc = [[c["accuracy"] for c in row] for row in m["rows"]]
     base = [c["accuracy"] for c in m["base"]]
     assert m["backward_transfer"] == pytest.approx(acc[1][0] - acc[0][0])
@@ -103,6 +107,10 @@ def test_cli_compare_matrix_prints_the_table_and_saves_it(runs, capsys):
     lines = out.splitlines()
     assert any(ln.startswith("base ") for ln in lines) and sum(ln.startswith("after stage ") for ln in lines) == 2
     assert "Backward transfer" in out and "p=" in out
+    saved_tasks = json.loads((run.eval_dir / "matrix-n4-seed0-t8.json").read_text())["tasks"]
+    for j, t in enumerate(saved_tasks):  # each task's floor, under the table
+        assert f"most common answer, {t['modal_answer']}, is right on {100 * t['modal_share']:.0f}%" in lines[
+            next(i for i, ln in enumerate(lines) if ln.startswith(f"task {j + 1}: "))]
     saved = json.loads((run.eval_dir / "matrix-n4-seed0-t8.json").read_text())
     assert len(saved["rows"]) == 2 and saved["ewc"]["enabled"] is True
     for argv, words in ((["--matrix", "--run", run.id, "--stage", "1"], "leave out --stage"),

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from grpo_app.core.fileio import atomic_write_json, read_json
 from grpo_app.core.run_folder import RunDir
 from grpo_app.evaluation.scoring import CompareSpec, evaluate, load_for_eval, problems_digest, score_model
-from grpo_app.evaluation.stats import paired, wilson_interval
+from grpo_app.evaluation.stats import modal_answer, paired, wilson_interval
 
 
 class MatrixError(ValueError):
@@ -99,7 +99,9 @@ def stage_matrix(
         if not probs:  # e.g. one-digit operands: all 81 problems are in a 512-problem training pool
             raise MatrixError(f"stage {j + 1} ({st.name}) has no held-out problems left: every problem like it is "
                               "in the run's training pools. Give that stage a larger problem space (more digits).")
-        tasks.append({"stage": j, "name": st.name, "origin": origin, "n": len(probs)})
+        modal, share = modal_answer([str(p.answer) for p in probs])
+        tasks.append({"stage": j, "name": st.name, "origin": origin, "n": len(probs), "modal_answer": modal,
+                      "modal_share": share})
         sets.append((probs, spec.settings))
 
     def stopped():
@@ -196,6 +198,14 @@ def ewc_label(m: dict, lam: str = "λ") -> str:
     if own:
         text += "; " + ", ".join(f"stage {k} {lam} {x:g}" for k, x in own)
     return text
+
+
+def floor_text(task: dict) -> str:
+    """What a constant answer would score on a task, in words ('' for a matrix saved before tasks carried it)."""
+    if task.get("modal_answer") is None:
+        return ""
+    return (f"its most common answer, {task['modal_answer']}, is right on {100 * task['modal_share']:.0f}% of them "
+            "(what a model that always wrote it would score)")
 
 
 def summary_sentence(m: dict) -> str:

@@ -1,5 +1,6 @@
 """The statistics of a comparison: 95% Wilson intervals, the exact McNemar test on paired answers, and
 pass@k (the unbiased estimator of Chen et al. 2021, with a percentile bootstrap interval over problems).
+Also the floor of a task that a constant answer earns (`modal_answer`).
 Pure functions of counts; no model, no files."""
 
 from __future__ import annotations
@@ -8,6 +9,21 @@ import math
 
 Z95 = 1.959963984540054
 BOOTSTRAP_RESAMPLES = 2000
+
+
+def modal_answer(golds: list[str]) -> tuple[str, float] | None:
+    """The most common right answer of a problem set (ties: the shortest, then the first in sort order) and its share:
+    what a model that always wrote that one answer would score. One-digit taking-away stories come out as 1 about a
+    third of the time (measured 2026-12-03), so their accuracy is read against that floor, not against 0.
+    None for no problems."""
+    counts: dict[str, int] = {}
+    for g in golds:
+        counts[g] = counts.get(g, 0) + 1
+    if not counts:
+        return None
+    top = max(counts.values())
+    answer = min((g for g, c in counts.items() if c == top), key=lambda g: (len(g), g))
+    return answer, top / len(golds)
 
 
 def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
