@@ -161,7 +161,7 @@ def cmd_train(args) -> int:
 def _compare_matrix(args) -> int:
     """`compare --run ID --matrix`: after each stage, its model on held-out problems of every stage's task."""
     from grpo_app.core.models import ModelError
-    from grpo_app.evaluation.stage_matrix import MatrixError, ewc_label, floor_text, stage_matrix, summary_sentence
+    from grpo_app.evaluation.stage_matrix import MatrixError, ewc_label, floor_clause, stage_matrix, summary_sentence
 
     try:
         if not args.run:
@@ -196,8 +196,7 @@ def _compare_matrix(args) -> int:
         print(f"{f'after stage {k + 1} ' + m['stages'][k]:<22}"[:22].ljust(22) + "".join(cell(c) for c in row))
     print("(each cell: accuracy [95% interval], change against the row above and its exact McNemar p)")
     for t in m["tasks"]:
-        floor = floor_text(t)
-        print(f"task {t['stage'] + 1}: {t['origin']}" + (f"; {floor}" if floor else ""))
+        print(f"task {t['stage'] + 1}: {t['origin']}{floor_clause(t)}")
     print(summary_sentence(m))
     return 0
 

@@ -107,11 +107,10 @@ def test_cli_compare_matrix_prints_the_table_and_saves_it(runs, capsys):
     lines = out.splitlines()
     assert any(ln.startswith("base ") for ln in lines) and sum(ln.startswith("after stage ") for ln in lines) == 2
     assert "Backward transfer" in out and "p=" in out
-    saved_tasks = json.loads((run.eval_dir / "matrix-n4-seed0-t8.json").read_text())["tasks"]
-    for j, t in enumerate(saved_tasks):  # each task's floor, under the table
+    saved = json.loads((run.eval_dir / "matrix-n4-seed0-t8.json").read_text())
+    for j, t in enumerate(saved["tasks"]):  # each task's floor, under the table
         assert f"most common answer, {t['modal_answer']}, is right on {100 * t['modal_share']:.0f}%" in lines[
             next(i for i, ln in enumerate(lines) if ln.startswith(f"task {j + 1}: "))]
-    saved = json.loads((run.eval_dir / "matrix-n4-seed0-t8.json").read_text())
     assert len(saved["rows"]) == 2 and saved["ewc"]["enabled"] is True
     for argv, words in ((["--matrix", "--run", run.id, "--stage", "1"], "leave out --stage"),
                         (["--matrix"], "--matrix needs --run")):

@@ -200,11 +200,12 @@ def ewc_label(m: dict, lam: str = "λ") -> str:
     return text
 
 
-def floor_text(task: dict) -> str:
-    """What a constant answer would score on a task, in words ('' for a matrix saved before tasks carried it)."""
+def floor_clause(task: dict) -> str:
+    """What a constant answer would score on a task, as a clause to append to the task's line ('; its most common
+    answer, ...'; '' for a matrix saved before tasks carried it)."""
     if task.get("modal_answer") is None:
         return ""
-    return (f"its most common answer, {task['modal_answer']}, is right on {100 * task['modal_share']:.0f}% of them "
+    return (f"; its most common answer, {task['modal_answer']}, is right on {100 * task['modal_share']:.0f}% of them "
             "(what a model that always wrote it would score)")
 
 

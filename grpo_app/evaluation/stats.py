@@ -6,6 +6,7 @@ Pure functions of counts; no model, no files."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 Z95 = 1.959963984540054
 BOOTSTRAP_RESAMPLES = 2000
@@ -16,9 +17,7 @@ def modal_answer(golds: list[str]) -> tuple[str, float] | None:
     what a model that always wrote that one answer would score. One-digit taking-away stories come out as 1 about a
     third of the time (measured 2026-12-03), so their accuracy is read against that floor, not against 0.
     None for no problems."""
-    counts: dict[str, int] = {}
-    for g in golds:
-        counts[g] = counts.get(g, 0) + 1
+    counts = Counter(golds)
     if not counts:
         return None
     top = max(counts.values())

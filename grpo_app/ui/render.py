@@ -635,15 +635,15 @@ def system_md(info: dict, loaded: list[dict] | None = None, run_model: dict | No
 
 def matrix_note_html(titled: list[tuple[str, dict]]) -> str:
     """Under the stage x task heatmaps: where each task's problems come from and what a constant answer would score on
-    them (`stage_matrix.floor_text`), and for each run its plasticity,
+    them (`stage_matrix.floor_clause`), and for each run its plasticity,
     backward and forward transfer in a sentence (stage_matrix.summary_sentence)."""
-    from grpo_app.evaluation.stage_matrix import floor_text, summary_sentence
+    from grpo_app.evaluation.stage_matrix import floor_clause, summary_sentence
 
     if not titled:
         return ""
     tasks = titled[0][1]["tasks"]
     origin = "".join(f"<li>task {t['stage'] + 1} ({_e(t['name'])}): {t['n']} problems, {_e(t['origin'])}"
-                     + (f"; {_e(floor_text(t))}" if floor_text(t) else "") + "</li>" for t in tasks)
+                     f"{_e(floor_clause(t))}</li>" for t in tasks)
     runs = "".join(f"<p><b>{_e(title)}.</b> {_e(summary_sentence(m))}</p>" for title, m in titled)
     return f'<div class="matrix-note">{runs}<ul>{origin}</ul></div>'
 
