@@ -406,7 +406,37 @@ def test_equal_groups_word_problems_multiply_and_divide_whole():
     assert ops == {"*", "/"}
 
 
+def test_even_differences_make_every_take_away_answer_equally_common():
+    """The default one-digit take-away stories answer 1 a third of the time (always writing 1 scores ~30%);
+    even_differences draws the difference first, so each of 1..8 is about 1 in 8, the stories stay right, and the
+    option leaves adding stories and the default draw as they were."""
+    from collections import Counter
+
+    from grpo_app.core.data import heldout_pool, make_word_problems, stage_pool
+
+    plain = make_word_problems(800, seed=3, max_digits=1, operators="-")
+    even = make_word_problems(800, seed=3, max_digits=1, operators="-", even_differences=True)
+    share = {name: Counter(p.answer for p in probs) for name, probs in (("plain", plain), ("even", even))}
+    assert share["plain"]["1"] / 800 > 0.3  # the skew the option removes
+    assert set(share["even"]) == {str(d) for d in range(1, 9)}
+    assert all(60 <= c <= 140 for c in share["even"].values()), share["even"]  # 100 each expected
+    for p in even:
+        a, b = re.fullmatch(r"(\d) - (\d) = \d\n#### \d", p.solution).groups()
+        assert int(a) - int(b) == int(p.answer) >= 1 and 1 <= int(b) and int(a) <= 9
+        assert f" {a} " in f" {p.question} " and f" {b} " in f" {p.question} ".replace(".", " ")
+    two = make_word_problems(300, seed=3, max_digits=2, operators="-", even_differences=True)
+    assert max(int(p.answer) for p in two) > 80 and all(int(p.solution.split()[0]) <= 99 for p in two)
+    assert make_word_problems(200, 3, 1, "+", even_differences=True) == make_word_problems(200, 3, 1, "+")
+    stage = StageConfig(name="w", source="word", max_difficulty=1, max_digits=1, operators="-", num_problems=64,
+                        even_differences=True)
+    pool = stage_pool(stage, DataConfig(), seed=0)
+    assert pool.problems == make_word_problems(64, 0, 1, "-", even_differences=True) and "even" in pool.origin
+    held = heldout_pool(stage, DataConfig(), 100, seed=1000, exclude_questions={p.question for p in pool.problems})
+    assert Counter(p.answer for p in held.problems).most_common(1)[0][1] <= 25  # held-out problems follow the option
+
+
 @pytest.mark.parametrize(("overrides", "words"), [
+    (["even_differences=true"], "take away"),  # a stage with '+-' is fine, '+' alone has nothing to take away
     (["max_digits=5"], "1..4"),
     (["operators='%'"], "+ - * /"),
     (["operators='*'", "max_difficulty=2"], "two-step word problems add and subtract"),
@@ -417,5 +447,9 @@ def test_word_stage_options_are_checked(overrides, words):
 
     with pytest.raises(ConfigError, match=re.escape(words)):
         load_config("quick", ["stages[0].source=word", *(f"stages[0].{o}" for o in overrides)])
+    if overrides[0] == "even_differences=true":
+        load_config("quick", ["stages[0].source=word", "stages[0].operators='+-'", "stages[0].even_differences=true"])
+        with pytest.raises(ConfigError, match="source: word"):
+            load_config("quick", ["stages[0].source=arithmetic", "stages[0].even_differences=true"])
     if overrides[0] == "operators='*'":  # equal groups in one step are fine
         load_config("quick", ["stages[0].source=word", "stages[0].operators='*/'", "stages[0].max_difficulty=1"])

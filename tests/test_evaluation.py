@@ -92,6 +92,25 @@ def test_settings_bounds():
         EvalSettings(min_difficulty=3, max_difficulty=1).validate()
 
 
+def test_stage_heldout_sets_follow_a_stages_even_differences(tmp_path):
+    """A take-away stage drawn with even differences is scored on problems drawn the same way (the matrix's
+    column for it has a floor of ~1 in 8, not the ~30% of the default draw)."""
+    from collections import Counter
+
+    from grpo_app.core.config import load_config
+    from grpo_app.core.run_folder import RunDir
+    from grpo_app.evaluation.scoring import CompareSpec
+
+    floors = {}
+    for even in (False, True):
+        cfg = load_config("progressive", [f"stages[2].even_differences={str(even).lower()}"])
+        spec = CompareSpec.for_run(RunDir.create(tmp_path / str(even), cfg), "stage:2", n=100, seed=1000)
+        assert spec.settings.extra["even_differences"] is even
+        probs, _ = spec.problems()
+        floors[even] = Counter(p.answer for p in probs).most_common(1)[0][1]
+    assert floors[False] >= 25 and floors[True] <= 20, floors
+
+
 def test_stage_heldout_sets_never_contain_training_questions(tmp_path):
     from grpo_app.core.config import load_config
     from grpo_app.core.run_folder import RunDir

@@ -267,6 +267,12 @@ class StageConfig:
     negation: bool = _f(
         False, "arithmetic only: also negated operands and parentheses, e.g. '-17 + (3 - -5)' (much harder)."
     )
+    even_differences: bool = _f(
+        False, "word only, one-step '-' stories: draw the answer (1 to the largest number - 1) and then the smaller "
+        "number, so every difference is equally common. Off: both numbers are drawn and the larger comes first, "
+        "which makes small differences common (one digit: a third of the answers are 1, so always writing 1 "
+        "scores ~30% on the task).",
+    )
     problem_ids: str = _f(
         "",
         "gsm8k only: a file listing the GSM8K train problems this stage trains on, one id per line "
@@ -340,6 +346,9 @@ class StageConfig:
                                        "include '+' or '-', or set max_difficulty: 1."))
             if self.min_difficulty < 1 or self.max_difficulty > 2:
                 e.append(("min_difficulty", "word problems take 1 or 2 steps: difficulty must lie in 1..2."))
+        if self.even_differences and (self.source != "word" or "-" not in self.operators):
+            e.append(("even_differences", "acts on one-step word problems that take away (source: word, '-' in "
+                                          "operators); set those or turn even_differences off."))
         if self.problem_ids:
             if self.source != "gsm8k":
                 e.append(("problem_ids", f"lists GSM8K problems but the source is {_show(self.source)}; "

@@ -326,11 +326,17 @@ def _two_step(rng: random.Random, ops: list[str], hi: int) -> tuple[str, tuple[i
 
 
 def make_word_problems(
-    n: int, seed: int, max_digits: int = 2, operators: str = "+-", min_steps: int = 1, max_steps: int = 1
+    n: int, seed: int, max_digits: int = 2, operators: str = "+-", min_steps: int = 1, max_steps: int = 1,
+    even_differences: bool = False,
 ) -> list[Problem]:
     """`n` word problems of `min_steps` to `max_steps` steps (1 or 2; the difficulty) with `operators` (from '+-*/';
     two steps add and subtract), numbers of 1 to `max_digits` digits. A one-step '+-' set is the same as before
-    two steps and equal groups existed."""
+    two steps and equal groups existed.
+
+    One-step take-away stories draw both numbers and put the larger first (equal ones: the first gets 1 more), so
+    small differences are common: with one digit a third of the answers are 1. `even_differences` draws the
+    difference d (1 to the largest number - 1) and then the smaller number b (1 to largest - d) instead, so each
+    answer is equally common (1 in 8 with one digit); the other problems of a mixed set are drawn as before."""
     ops = [o for o in "+-*/" if o in operators] or ["+", "-"]
     hi = 10 ** max_digits - 1
     out = []
@@ -355,7 +361,12 @@ def make_word_problems(
             out.append(Problem(id=f"word-{seed}-{i}", question=question, answer=str(gold),
                                solution=f"{a} {op} {b} = {gold}\n#### {gold}", difficulty=1, source="word"))
             continue
-        a, b = rng.randint(2, hi), rng.randint(1, hi)
+        if op == "-" and even_differences:
+            d = rng.randint(1, hi - 1)
+            b = rng.randint(1, hi - d)
+            a = b + d
+        else:
+            a, b = rng.randint(2, hi), rng.randint(1, hi)
         if op == "-":
             if a == b:
                 a += 1
@@ -544,9 +555,11 @@ def stage_pool(stage, data_cfg, seed: int, split: str = "train") -> StagePool:
             "arithmetic",
         )
     if source == "word":
-        probs = make_word_problems(n, seed, stage.max_digits, stage.operators, lo, hi)
+        even = getattr(stage, "even_differences", False)
+        probs = make_word_problems(n, seed, stage.max_digits, stage.operators, lo, hi, even)
         steps = "one-step" if hi <= 1 else ("two-step" if lo >= 2 else "one- and two-step")
-        return StagePool(probs, f"{steps} word problems ('{stage.operators}', <= {stage.max_digits} digits)", "word")
+        return StagePool(probs, f"{steps} word problems ('{stage.operators}', <= {stage.max_digits} digits"
+                         + (", even differences)" if even else ")"), "word")
     if source == "gsm_symbolic":
         probs = _filter_difficulty(make_gsm_symbolic(max(4 * n, 64), seed), lo, hi)
         if len(probs) < min(n, 8):

@@ -589,7 +589,8 @@ def stage_eval_settings(cfg, k: int, n: int, seed: int = 0, max_new_tokens: int 
         source=st.source,
         min_difficulty=st.min_difficulty,
         max_difficulty=st.max_difficulty,
-        extra={"max_digits": st.max_digits, "operators": st.operators, "negation": st.negation},
+        extra={"max_digits": st.max_digits, "operators": st.operators, "negation": st.negation,
+               "even_differences": st.even_differences},
     )
 
 
