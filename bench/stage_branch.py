@@ -13,7 +13,8 @@ weights and EWC state and goes on with the next stage). The branch's config must
 first K stages and in model, data, rewards, GRPO and EWC settings (the EWC ones only where the penalty is on;
 after stage 1, which never has a penalty, the branch may turn it off or change its strength λ) and the run seed
 (checked; a difference is refused, but for the GRPO settings and the run seed named with `--allow`: they act only
-in the stages the branch trains, so a screen of a later stage's grouping or of another draw may change them;
+in the stages the branch trains, so a screen of a later stage's grouping, advantage scaling or of another draw may
+change them;
 the stages before the branch keep the source's records either way). Against training straight through: each stage's trainer seeds itself
 from the run seed and the stage's index when it is built (`settings.py`), and the sampler's from those and
 the step, so a branch with the straight run's settings replays its stage K+1; measured once, a seed-42 branch
@@ -41,8 +42,9 @@ sys.path.insert(0, str(ROOT))
 # EWC settings that only weigh the penalty in the stages after the first (the Fisher kept at stage 1's end does
 # not depend on them): a branch after stage 1 may change them.
 _PENALTY_ONLY = ("lam", "clip_penalty", "offload")
-# Settings a branch may change with --allow: they act only in the stages it trains (sampling and grouping).
-ALLOWABLE = ("grpo.prompts_per_step", "grpo.num_generations", "grpo.micro_batch_size", "grpo.temperature", "run.seed")
+# Settings a branch may change with --allow: they act only in the stages it trains (sampling, grouping, advantage scaling).
+ALLOWABLE = ("grpo.prompts_per_step", "grpo.num_generations", "grpo.micro_batch_size", "grpo.temperature",
+             "grpo.scale_rewards", "run.seed")
 
 
 def differences(src, cfg, k: int, allow: tuple[str, ...] = ()) -> list[str]:

@@ -269,6 +269,9 @@ def test_a_branch_may_change_the_grouping_or_the_seed_only_when_allowed():
     assert {d.split(":")[0] for d in found} == {"grpo.prompts_per_step", "grpo.max_completion_length", "run.seed"}
     kept = differences(src, other, 1, ("grpo.prompts_per_step", "run.seed"))
     assert [d.split(":")[0] for d in kept] == ["grpo.max_completion_length"]
+    scaled = load_config("tests/configs/tiny.yaml", ["stages[1].steps=1", "grpo.scale_rewards=batch"])
+    assert [d.split(":")[0] for d in differences(src, scaled, 1)] == ["grpo.scale_rewards"]
+    assert differences(src, scaled, 1, ("grpo.scale_rewards",)) == []
 
 
 def test_a_branch_starts_where_the_source_stood_after_stage_k_and_trains_the_rest(runs, tmp_path, monkeypatch):
