@@ -247,6 +247,11 @@ def read_problem_ids(value: str) -> list[str]:
     return ids
 
 
+# The options that shape a generated stage's problems (arithmetic, word), beside source and difficulty: held-out sets
+# draw with them (scoring.stage_eval_settings) and a stage table row repeating another compares them (forms).
+GENERATOR_OPTIONS = ("max_digits", "operators", "negation", "even_differences")
+
+
 @dataclass
 class StageConfig:
     name: str = _f("stage", "Short name shown on charts.")

@@ -367,10 +367,10 @@ def make_word_problems(
             a = b + d
         else:
             a, b = rng.randint(2, hi), rng.randint(1, hi)
-        if op == "-":
-            if a == b:
-                a += 1
-            a, b = max(a, b), min(a, b)
+            if op == "-":
+                if a == b:
+                    a += 1
+                a, b = max(a, b), min(a, b)
         name, other = rng.sample(_WORD_NAMES, 2)
         template = rng.choice(_WORD_ADD if op == "+" else _WORD_SUB)
         question = template.format(n=name, m=other, p=_PRONOUN[name], a=a, b=b, x=rng.choice(_WORD_ITEMS))
@@ -555,11 +555,10 @@ def stage_pool(stage, data_cfg, seed: int, split: str = "train") -> StagePool:
             "arithmetic",
         )
     if source == "word":
-        even = getattr(stage, "even_differences", False)
-        probs = make_word_problems(n, seed, stage.max_digits, stage.operators, lo, hi, even)
+        probs = make_word_problems(n, seed, stage.max_digits, stage.operators, lo, hi, stage.even_differences)
         steps = "one-step" if hi <= 1 else ("two-step" if lo >= 2 else "one- and two-step")
-        return StagePool(probs, f"{steps} word problems ('{stage.operators}', <= {stage.max_digits} digits"
-                         + (", even differences)" if even else ")"), "word")
+        even = ", even differences" if stage.even_differences else ""
+        return StagePool(probs, f"{steps} word problems ('{stage.operators}', <= {stage.max_digits} digits{even})", "word")
     if source == "gsm_symbolic":
         probs = _filter_difficulty(make_gsm_symbolic(max(4 * n, 64), seed), lo, hi)
         if len(probs) < min(n, 8):

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from grpo_app.core.answers import extract_answer, has_final_line
-from grpo_app.core.config import DEFAULT_SYSTEM_PROMPT, DataConfig, StageConfig
+from grpo_app.core.config import DEFAULT_SYSTEM_PROMPT, GENERATOR_OPTIONS, DataConfig, StageConfig
 from grpo_app.core.data import Problem, heldout_pool, load_gsm8k
 from grpo_app.core.models import load_model, model_label, models_root, quantize_int8, resolve_model
 from grpo_app.core.prompts import prompt_ids
@@ -589,8 +589,7 @@ def stage_eval_settings(cfg, k: int, n: int, seed: int = 0, max_new_tokens: int 
         source=st.source,
         min_difficulty=st.min_difficulty,
         max_difficulty=st.max_difficulty,
-        extra={"max_digits": st.max_digits, "operators": st.operators, "negation": st.negation,
-               "even_differences": st.even_differences},
+        extra={name: getattr(st, name) for name in GENERATOR_OPTIONS},
     )
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_app.core.config import (
+    GENERATOR_OPTIONS,
     GSM8K_MODES,
     HUB_ID_RE,
     LOSS_TYPES,
@@ -388,7 +389,7 @@ def parse_stages(table, base: list[dict], errors: list) -> list[dict]:
 def _check_repeats(stages: list[dict], errors: list) -> None:
     """A stage that repeats an earlier one exactly (same source, range and options) is a copy-paste slip:
     it trains on the same kind of problems again. Partly overlapping ranges are a normal curriculum."""
-    keys = ("source", "min_difficulty", "max_difficulty", "max_digits", "operators", "negation", "even_differences")
+    keys = ("source", "min_difficulty", "max_difficulty", *GENERATOR_OPTIONS)
     for k, s in enumerate(stages):
         for j in range(k):
             if all(s.get(x) == stages[j].get(x) for x in keys):
