@@ -20,6 +20,9 @@ from the run seed and the stage's index when it is built (`settings.py`), and th
 the step, so a branch with the straight run's settings replays its stage K+1; measured once, a seed-42 branch
 after stage 2 of `progressive` and the same preset trained straight through gave the same held-out matrix,
 cell for cell.
+With `stages[K].carry_moments` the branch's first stage starts from the optimizer moments the source ended stage
+K with: they are copied from the source's checkpoint of that step (kept only if the source ran with
+`run.keep_checkpoints` high enough; refused otherwise).
 `branch.json` in the new folder says where it came from. Prints the new run's folder as JSON.
 """
 
@@ -102,6 +105,11 @@ def branch(src_dir: Path, k: int, cfg, allow: tuple[str, ...] = ()) -> Path:
         raise SystemExit("cannot branch: " + "; ".join(problems))
     if src.stage_end_weights(k - 1) is None:
         raise SystemExit(f"{src.id} kept no weights for the end of stage {k}")
+    src_ck = src.checkpoints_dir / f"stage-{k - 1}" / f"checkpoint-{cfg.stages[k - 1].steps}"
+    if cfg.stages[k].carry_moments and not (src_ck / "optimizer.pt").is_file():
+        raise SystemExit(f"stage {k + 1} carries the optimizer moments stage {k} ended with (carry_moments), and "
+                         f"{src.id} no longer has the checkpoint of stage {k}'s end that holds them; train the source "
+                         "with run.keep_checkpoints high enough to keep it (or branch with carry_moments off)")
     offset = sum(s.steps for s in cfg.stages[:k])
     run = RunDir.create(runs_root(cfg.run.output_dir), cfg)
     for name in ("metrics.jsonl", "steps.jsonl", "trained_problems.jsonl", "memory.jsonl"):
@@ -131,6 +139,8 @@ def branch(src_dir: Path, k: int, cfg, allow: tuple[str, ...] = ()) -> Path:
         {"stage_index": k - 1, "stage_step": cfg.stages[k - 1].steps, "global_step": offset,
          "ewc_stages": k if cfg.ewc.enabled else 0, "time": time.time()},
     )
+    if cfg.stages[k].carry_moments:  # the moments stage k+1 starts from (engine.checkpoint_moments reads them)
+        shutil.copy2(src_ck / "optimizer.pt", ck / "optimizer.pt")
     (ck / "COMPLETE").write_text(str(time.time()))
     atomic_write_json(run.path / "branch.json", {"from": src.id, "after_stage": k, "step": offset})
     return run.path

@@ -300,6 +300,13 @@ class StageConfig:
         "fresh Adam, whose first updates move every weight by about the full learning rate in the sign of one "
         "step's gradient; a warm-up damps them). Empty = grpo.warmup_steps.", lo=0, hi=5000,
     )
+    carry_moments: bool = _f(
+        False, "Start this stage's optimizer from the moments the previous stage ended with (AdamW's running "
+        "averages of each weight's gradient and of its square, and their step count) instead of a fresh AdamW. A "
+        "fresh one's first updates move every weight by about the full learning rate in the sign of one step's "
+        "gradient; carried moments make them as large as the previous stage's last updates were. The learning rate, "
+        "schedule and warm-up stay this stage's own. Not on the first stage (no earlier moments).",
+    )
     beta: float | None = _f(
         None, "This stage's KL coefficient against the policy as the stage began (0 = no reference model). "
         "Empty = grpo.beta.", lo=0.0, hi=10.0,
@@ -368,6 +375,9 @@ class StageConfig:
             e.append(("replay", f"is a share: {lo:g} to {hi:g} (got {self.replay:g})."))
         elif self.replay > 0 and cfg.stages and self is cfg.stages[0]:
             e.append(("replay", "the first stage has no earlier stage to replay; set it on a later stage."))
+        if self.carry_moments and cfg.stages and self is cfg.stages[0]:
+            e.append(("carry_moments", "the first stage has no earlier optimizer moments to start from; set it on a "
+                                       "later stage."))
         if self.replay_beta is not None and self.replay <= 0:
             e.append(("replay_beta", "acts on replayed problems only and this stage replays none; set replay "
                                      "(e.g. 0.3) or clear replay_beta (beta sets the KL on every problem)."))

@@ -5,7 +5,8 @@ reports through a small interface (`event`, `metrics`, `step`, `status`, `should
 UI or the manager, and ends with the trained model saved in the run folder: the evaluation that follows is
 the manager's.
 
-Per stage: draw the stage's problems, build a `CurriculumGRPOTrainer` (a fresh AdamW each stage),
+Per stage: draw the stage's problems, build a `CurriculumGRPOTrainer` (a fresh AdamW each stage, or with
+`carry_moments` one that starts from the previous stage's moments: trainer.py, departure 11),
 train `stage.steps` optimizer steps, then (if a later stage follows and EWC is on) estimate the
 diagonal Fisher on the stage's prompts and consolidate it with the anchor weights.
 
@@ -365,6 +366,19 @@ def load_checkpoint_weights(model, folder: Path) -> None:
         )
 
 
+def checkpoint_moments(folder: Path, k: int) -> dict:
+    """The optimizer state of the checkpoint written when stage k's last step ended (TRL's `optimizer.pt`): the
+    moments stage k+1 starts from when it carries them (`carry_moments`)."""
+    path = Path(folder) / "optimizer.pt"
+    if not path.is_file():
+        raise RuntimeError(
+            f"stage {k + 2} starts from the optimizer moments stage {k + 1} ended with (carry_moments), and the "
+            f"checkpoint at the end of stage {k + 1} holds none; resume with carry_moments off for stage {k + 2}, "
+            "or train the run again."
+        )
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
 def _ewc_saved(run: RunDir, k: int) -> bool:
     d = run.ewc_dir / f"stage-{k}"
     return (d / "ewc.json").is_file() and (d / "ewc.safetensors").is_file()
@@ -380,6 +394,7 @@ class _Job:
         self.model = self.tok = self.spec = None
         self.device: torch.device | None = None  # the model's, once loaded
         self.ewc: EWCState | None = None
+        self.moments: dict | None = None  # the last stage's optimizer state, kept while the next one carries it
         # every reward some stage weights (a stage may give weight to one the run leaves at 0)
         used = {n: 1.0 for n, w in cfg.rewards.weights.items()
                 if float(w) != 0.0 or any(float(st.reward_weights.get(n, 0.0)) != 0.0 for st in cfg.stages)}
@@ -552,7 +567,9 @@ class _Job:
             on_activity=lambda act: _activity(reporter, step_activity(act, offset, in_step)),
             ref_model=ref,
             kl_rows=kl_rows(cfg, k, replayed),
+            initial_moments=self.moments if stage.carry_moments else None,
         )
+        self.moments = None
         if "tensorboard" in args.report_to:  # one TensorBoard run per stage, inside the run folder
             from transformers.integrations import TensorBoardCallback
 
@@ -570,6 +587,8 @@ class _Job:
         if distributed.is_main():
             run.prune_checkpoints(self.cfg.run.keep_checkpoints)
         recent = list(trainer.recent_samples)
+        if stop is None and k + 1 < len(cfg.stages) and cfg.stages[k + 1].carry_moments:
+            self.moments = trainer.optimizer.state_dict()  # (the tensors themselves: the optimizer goes with the trainer)
         del trainer, box["t"], ref
         restore_forward(self.model)
         gc.collect()
@@ -650,6 +669,8 @@ def train(cfg: Config, run: RunDir, reporter=None, resume: bool = False, observe
         )
         if done:
             load_checkpoint_weights(job.model, Path(ck["path"]))
+            if k0 + 1 < n_stages and cfg.stages[k0 + 1].carry_moments:
+                job.moments = checkpoint_moments(Path(ck["path"]), k0)
             if job.ewc is not None and k0 < n_stages - 1:
                 if _ewc_saved(run, k0):
                     job.ewc = job.load_ewc(run.ewc_dir / f"stage-{k0}")

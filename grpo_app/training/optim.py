@@ -64,6 +64,26 @@ class AdamWBF16Moments(torch.optim.Optimizer):
         return loss
 
 
+def load_moments(optimizer, carried: dict) -> None:
+    """Put the per-weight state of `carried` (an earlier optimizer's `state_dict()` over the same weights, in
+    the same order: a stage's `carry_moments`) into `optimizer`, keeping `optimizer`'s own groups: its learning
+    rate, weight decay and betas. Refused with a reason when the weights do not line up (another model, other
+    trainable weights)."""
+    own = optimizer.state_dict()
+    sizes = [len(g["params"]) for g in own["param_groups"]]
+    theirs = [len(g["params"]) for g in carried["param_groups"]]
+    if sizes != theirs:
+        raise ValueError(f"the carried optimizer moments are for groups of {theirs} weights, this optimizer has "
+                         f"{sizes}: they come from another model or other trainable weights.")
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    for i, state in carried["state"].items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in state and tuple(state[key].shape) != tuple(params[int(i)].shape):
+                raise ValueError(f"the carried moment {key} of weight {i} has shape {tuple(state[key].shape)}, the "
+                                 f"weight {tuple(params[int(i)].shape)}: they come from another model.")
+    optimizer.load_state_dict({"state": carried["state"], "param_groups": own["param_groups"]})
+
+
 _LIBC = None
 
 

@@ -89,6 +89,13 @@ logging, checkpoints, resume — is TRL's own code):
    per-row coefficient would give). TRL's logged `kl` is then the mean over the rows whose coefficient is not 0,
    and its entropy and clip ratios are averaged over the parts rather than over all tokens at once. Single
    process only (each process would hold a different number of rows per coefficient).
+11. With a stage's `carry_moments`, its AdamW starts from the moments the previous stage's optimizer ended with
+   (`initial_moments`: both running averages and their step count, so no bias correction restarts), under this
+   stage's own learning rate and schedule. TRL, like every `Trainer`, builds a fresh optimizer per trainer, and
+   the engine builds one trainer per stage, so by default each stage's first updates are a fresh Adam's: about
+   the learning rate on every weight, whatever the size of its gradient. Resumed at a stage's end, the moments
+   are read from the optimizer state of the checkpoint of that stage's last step (TRL's own `optimizer.pt`);
+   resumed inside the stage, the checkpoint's state replaces them, as in any resume.
 """
 
 from __future__ import annotations
@@ -111,7 +118,7 @@ from grpo_app.core.fileio import publish_dir
 from grpo_app.training import lm_head
 from grpo_app.training.advantages import equal_groups
 from grpo_app.training.estimate import KEPT_LOGITS_BYTES, LOGPROB_CHUNK  # (one value each: training and estimate)
-from grpo_app.training.optim import AdamWBF16Moments, trim_heap
+from grpo_app.training.optim import AdamWBF16Moments, load_moments, trim_heap
 from grpo_app.training.sampler import SamplingParams, generate_completions
 
 
@@ -331,9 +338,11 @@ class CurriculumGRPOTrainer(GRPOTrainer):
         on_activity=None,
         ref_model=None,
         kl_rows: dict | None = None,
+        initial_moments: dict | None = None,
         **kwargs,
     ):
         self.ewc = ewc
+        self.initial_moments = initial_moments  # 11. an earlier stage's optimizer state_dict, or None (fresh)
         self.kl_rows = kl_rows  # 10. {"own": beta, "replayed": beta, "ids": replayed problem ids}, or None
         self.ewc_clip_penalty = ewc_clip_penalty  # the config's ewc.clip_penalty (5)
         self.opts = engine_options or EngineOptions()
@@ -364,6 +373,9 @@ class CurriculumGRPOTrainer(GRPOTrainer):
     def create_optimizer(self, model=None):
         had = self.optimizer is not None
         opt = self._create_optimizer(model)
+        if not had and self.initial_moments is not None:  # 11. (a checkpoint resumed from loads its own after this)
+            load_moments(opt, self.initial_moments)
+            self.initial_moments = None
         if not had and self.ewc is not None and self.ewc.active and not self.ewc_clip_penalty:
             opt.register_step_pre_hook(self._ewc_grad_hook)  # runs after clip_grad_norm_, before the update
         return opt
