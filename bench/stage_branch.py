@@ -105,7 +105,8 @@ def branch(src_dir: Path, k: int, cfg, allow: tuple[str, ...] = ()) -> Path:
         raise SystemExit("cannot branch: " + "; ".join(problems))
     if src.stage_end_weights(k - 1) is None:
         raise SystemExit(f"{src.id} kept no weights for the end of stage {k}")
-    src_ck = src.checkpoints_dir / f"stage-{k - 1}" / f"checkpoint-{cfg.stages[k - 1].steps}"
+    end = Path(f"stage-{k - 1}") / f"checkpoint-{cfg.stages[k - 1].steps}"  # the checkpoint of stage k's last step
+    src_ck = src.checkpoints_dir / end
     if cfg.stages[k].carry_moments and not (src_ck / "optimizer.pt").is_file():
         raise SystemExit(f"stage {k + 1} carries the optimizer moments stage {k} ended with (carry_moments), and "
                          f"{src.id} no longer has the checkpoint of stage {k}'s end that holds them; train the source "
@@ -128,7 +129,7 @@ def branch(src_dir: Path, k: int, cfg, allow: tuple[str, ...] = ()) -> Path:
             # without EWC keeps them
             write_stage_end(read_anchor(anchor_dir / "ewc.safetensors"), run, j)
     model, tok = load_stage_model(src, k - 1, scfg.model.name)
-    ck = run.checkpoints_dir / f"stage-{k - 1}" / f"checkpoint-{cfg.stages[k - 1].steps}"
+    ck = run.checkpoints_dir / end
     ck.mkdir(parents=True)
     tied = getattr(model.config, "tie_word_embeddings", False)  # (a tied head is the embedding; saved once)
     state = {n: t.contiguous() for n, t in model.state_dict().items() if not (tied and n == "lm_head.weight")}

@@ -567,7 +567,7 @@ class _Job:
             on_activity=lambda act: _activity(reporter, step_activity(act, offset, in_step)),
             ref_model=ref,
             kl_rows=kl_rows(cfg, k, replayed),
-            initial_moments=self.moments if stage.carry_moments else None,
+            initial_moments=self.moments,  # (kept only when this stage carries them)
         )
         self.moments = None
         if "tensorboard" in args.report_to:  # one TensorBoard run per stage, inside the run folder
