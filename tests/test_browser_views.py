@@ -2,8 +2,10 @@
 under Inside a GRPO step, Answers across training on the Runs tab, and pass@k on the Compare tab.
 
 The server gets its own preset (tests write it): one stage of two problems, so each problem is sampled at
-every step, and a `brevity` reward over 128-token completions, so a random model's groups get different totals
-(its completions are 55-90 words: brevity pays 1 up to 60 words, less above) and non-zero advantages.
+every step, and a `brevity` reward over 192-token completions, so a random model's groups get different totals
+and non-zero advantages on any CPU: its completions are 110-140 words, inside the stretch where brevity falls from
+1 at 60 words to 0 at 200, so a group ties only if all its completions have the same number of words. (At 128 tokens
+they were 55-90 words, and a group all under 60 words would tie at 1, leaving a weight nothing to move.)
 Screenshots go to GRPO_APP_SCREENSHOT_DIR (default: a temp folder).
 """
 
@@ -24,7 +26,7 @@ stages:
   - {name: s1, source: arithmetic, min_difficulty: 1, max_difficulty: 1, steps: 3, num_problems: 2}
 rewards:
   weights: {correctness: 1.0, brevity: 1.0}
-grpo: {num_generations: 4, prompts_per_step: 2, max_completion_length: 128, learning_rate: 0.001, temperature: 1.0}
+grpo: {num_generations: 4, prompts_per_step: 2, max_completion_length: 192, learning_rate: 0.001, temperature: 1.0}
 ewc: {fisher_samples: 4, lam: 1000}
 run: {save_every: 1, keep_checkpoints: 2}
 """
@@ -84,6 +86,7 @@ def test_what_if_recomputes_the_advantages_when_a_weight_moves(page, run_id, sho
     before = advantages(page, "#what-if .wi-adv")
     recorded = advantages(page, "#what-if .wi-table td.adv:not(.wi-adv)")
     assert before == recorded  # with the run's own weights the what-if gives the recorded advantages
+    assert set(before) != {"+0.00"}, f"the group's totals tie, so no weight can move its advantages: {before}"
     page.locator("#what-if-box").screenshot(path=str(shots / "screenshot_what_if.png"))
     # brevity off: correctness alone is left (a random model is never right), so every total and advantage is 0
     set_slider(page, "wi-brevity", 0)
@@ -98,6 +101,35 @@ def test_what_if_recomputes_the_advantages_when_a_weight_moves(page, run_id, sho
     page.click("#wi-reset")
     wait_for(lambda: page.locator("#what-if .wi-adv").count() == 4, 60, what="the run's weights back")
     assert advantages(page, "#what-if .wi-adv") == before
+
+
+def test_a_draw_answered_after_a_slider_keeps_the_newer_box(browser, run_id, server):  # noqa: F811 - fixture
+    """The race of ui/choices.py, made certain: a new page's first draw is computed by the server, then held (a
+    routed request) while the user moves a slider and that answer lands; the draw lands last. The page keeps the
+    box it chose (brevity off: every advantage 0), not the draw's older one (the run's weights)."""
+    pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+    pg.set_default_timeout(TIMEOUT_MS)
+    held = []
+    pg.route("**/grpo_app/draw?*", lambda route: held.append((route, route.fetch())))  # answered by the server now
+    try:
+        pg.goto(server.url)
+        # (the sync API runs the route's handler only while the test talks to the browser)
+        wait_for(lambda: pg.evaluate("1") and held, 120, what="the page's first draw")
+        assert "Step <b>" not in pg.inner_html("#grpo-step")  # nothing drawn yet
+        set_slider(pg, "wi-correctness", 1)  # brevity stays at the page's 0
+        wait_for(lambda: advantages(pg, "#what-if .wi-adv") == ["+0.00"] * 4, 60, what="the slider's answer")
+        route, answer = held.pop()
+        route.fulfill(response=answer)  # the draw lands last, with the run's weights computed before the move
+        wait_for(lambda: "Step <b>" in pg.inner_html("#grpo-step"), 60, what="the draw's step view")
+        assert advantages(pg, "#what-if .wi-adv") == ["+0.00"] * 4
+        assert pg.input_value("#wi-brevity input[type=number]") == "0"
+        assert pg.input_value("#wi-correctness input[type=number]") == "1"
+        pg.unroute("**/grpo_app/draw?*")
+        pg.click("#wi-reset")  # the run's weights come back when asked for
+        wait_for(lambda: pg.input_value("#wi-brevity input[type=number]") == "1", 60, what="the run's weights")
+        assert set(advantages(pg, "#what-if .wi-adv")) != {"+0.00"}
+    finally:
+        pg.close()
 
 
 def test_answers_across_training_move_along_the_steps(page, run_id, shots):

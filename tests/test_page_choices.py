@@ -38,13 +38,17 @@ def advantages(html: str) -> list[str]:
     return re.findall(r'class="num adv wi-adv"[^>]*>([^<]+)<', html)
 
 
+def version(html: str) -> int:
+    return int(re.search(r'data-wiv="(\d+)"', html).group(1))
+
+
 def test_choices_are_per_page_versioned_and_bounded():
     c = PageChoices(limit=2)
     assert c.get("a") == {} and c.get(None) == {}
-    c.remember(None, group=1)  # a request without a page id is not remembered
+    assert c.remember(None, group=1) == 0  # a request without a page id is not remembered
     assert len(c) == 0
-    c.remember("a", group=1)
-    c.remember("a", size=4)
+    assert c.remember("a", group=1) == 1
+    assert c.remember("a", size=4) == 2
     assert c.get("a") == {"group": 1, "size": 4, "version": 2}
     c.remember("b", group=0)
     c.get("a")  # a page that asks stays; the least recently used one goes
@@ -76,6 +80,13 @@ def test_a_draw_sent_before_a_slider_moved_keeps_the_move(tmp_path):
     assert box[1 : N + 1] == no_brevity and advantages(box[N + 2]) == ["+0.00"] * 4
     # another page has its own choices
     assert draw(other, 0, run.id, 4, *run_w)[-(N + 3):][1 : N + 1] == run_w
+
+    # each table carries the version of the choices it was computed from, so the page can keep a newer one
+    late = draw(page, 0, run.id, 4, *run_w)[-1]  # computed now, answered later
+    fresh = on_change(page, 0, 4, *run_w)  # the user puts brevity back; this answer lands first
+    assert version(fresh) == version(late) + 1 and advantages(late) == ["+0.00"] * 4
+    assert version(draw(page, 0, run.id, 4, *run_w)[-1]) == version(fresh)  # a draw after it: the same choices
+    assert version(draw("", 0, run.id, 4, *run_w)[-1]) == 0  # a page without an id
 
     # the group size and the prompt are kept the same way
     on_change(page, 0, 2, *run_w)

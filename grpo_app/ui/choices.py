@@ -9,6 +9,13 @@ on 2026-11-24: brevity set to 0, then back to 1 by a draw sent a moment earlier)
 choice from the page writes it here first, and the draw uses what is here, not what it was sent, re-reading when
 a choice arrived while it was computing (`version`).
 
+That leaves one order: the draw reads the choices, a slider's answer is computed from the newer ones and reaches
+the page first, then the draw's answer lands (its charts take longer to send). So every What-if table carries the
+version it was computed from (`render.stamp_what_if`), and the page keeps its What-if box when a draw's answer is
+older than the box it shows (ui/live.py, DRAW_JS). CI failure of 2026-12-03: brevity set to 0, and 60 s later the
+table of brevity 1 still shown, most likely put back by the draw the run's end sets off (the run's charts move from
+the live snapshot to the run folder); test_browser_views holds a draw to make that order certain.
+
 Bounded: the least recently used of more than `limit` pages is forgotten (that page then falls back to what it
 sends, which is right unless it is racing a slider).
 """
@@ -25,10 +32,11 @@ class PageChoices:
         self._lock = threading.Lock()
         self._pages: collections.OrderedDict[str, dict] = collections.OrderedDict()
 
-    def remember(self, page: str | None, **choice) -> None:
-        """Record the page's latest choices (any of: run_id, group, size, weights) and bump its version."""
+    def remember(self, page: str | None, **choice) -> int:
+        """Record the page's latest choices (any of: run_id, group, size, weights), bump its version and return it
+        (0 for a request without a page id, which is not remembered)."""
         if not page:
-            return
+            return 0
         with self._lock:
             entry = self._pages.pop(page, None) or {"version": 0}
             entry.update(choice)
@@ -36,6 +44,7 @@ class PageChoices:
             self._pages[page] = entry
             while len(self._pages) > self.limit:
                 self._pages.popitem(last=False)
+            return entry["version"]
 
     def get(self, page: str | None) -> dict:
         """A copy of the page's choices ({} for a page not seen); 'version' counts the times they changed."""

@@ -141,12 +141,12 @@ class LiveView:
             box, chosen = self.sync(view, g, mine, applied, size, *weights)
             if self.picked.get(page).get("version") == mine.get("version"):
                 break
-        if chosen:
-            self.picked.remember(page, **chosen)
+        version = self.picked.remember(page, **chosen) if chosen else mine.get("version", 0)
         own = [
             {"__type__": "update", "choices": [[label, i] for label, i in choices], "value": g if choices else None},
             render.step_html(step, g),
-            *box,
+            *box[:-1],
+            render.stamp_what_if(box[-1], version),
         ]
         return view, own
 
@@ -261,7 +261,16 @@ DRAW_JS = (
   const q = new URLSearchParams({page: page, group: group ?? 0, applied: applied ?? "", size: size ?? ""});
   for (const w of weights) q.append("w", w ?? 0);
   const a = await ask("grpo_app/draw?" + q.toString());
-  return Array.isArray(a) ? a : [];
+  if (!Array.isArray(a)) return [];
+  // the What-if box's outputs close the answer (its run id, a slider per weight, the size, the table); a table
+  // computed from older choices than the one the page shows (a slider's answer landed first) leaves the box as is
+  const version = (html) => { const m = /data-wiv="([0-9]+)"/.exec(String(html || "")); return m ? Number(m[1]) : -1; };
+  const shown = document.querySelector("#what-if [data-wiv]");
+  const box = weights.length + 3;
+  if (shown && Number(shown.dataset.wiv) > version(a[a.length - 1])) {
+    for (let i = a.length - box; i < a.length; i++) a[i] = {__type__: "update"};
+  }
+  return a;
 }"""
 )
 

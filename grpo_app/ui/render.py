@@ -184,6 +184,12 @@ def group_choices(step: dict | None) -> list[tuple[str, int]]:
     return out
 
 
+def stamp_what_if(html: str, version: int) -> str:
+    """A What-if table marked with the version of the page's choices it was computed from (ui/choices.py), so the
+    page can tell a late draw's table from a newer one it already shows (ui/live.py, DRAW_JS)."""
+    return f'<div class="wi-v" data-wiv="{int(version)}">{html}</div>'
+
+
 def what_if_html(step: dict | None, group: int, result: dict | None, error: str = "") -> str:
     """The what-if view of one prompt (an `advantages.what_if` result): each completion's rewards, its new
     total, and its recorded and what-if advantage side by side, with the new group mean and std."""

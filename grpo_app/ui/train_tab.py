@@ -520,14 +520,15 @@ def _create_what_if(studio: Studio, group: gr.Dropdown, picked: PageChoices, pag
 
     @guard("recompute the advantages")
     def on_change(page, g, n, *values):
-        picked.remember(page_of(page), group=group_index(g), size=n, weights=list(values))
+        version = picked.remember(page_of(page), group=group_index(g), size=n, weights=list(values))
         view, step = current()
-        return recompute(step, view, g, n, dict(zip(names, values)))
+        return render.stamp_what_if(recompute(step, view, g, n, dict(zip(names, values))), version)
 
     def sync(view, g, mine: dict, done, n, *values, force=False):
         """The box for the latest step: on a new run (or `force`), the run's reward weights and whole groups;
         else the weights and size the page chose last (`mine`, see ui/choices.py), or failing that the ones it
-        sent. Returns (outputs, choices to remember or None)."""
+        sent. Returns (outputs, choices to remember or None); the caller stamps the table with the version of the
+        choices (`render.stamp_what_if`)."""
         done = done or None  # the hidden box holds "" before its first run
         view, step = current(view)
         if step is None:
@@ -564,9 +565,9 @@ def _create_what_if(studio: Studio, group: gr.Dropdown, picked: PageChoices, pag
     @guard("load the run's weights")
     def on_reset(page, g, done, n, *values):
         box, chosen = sync(None, g, {}, done, n, *values, force=True)
-        if chosen:
-            picked.remember(page_of(page), **chosen)
-        return box
+        page = page_of(page)
+        version = picked.remember(page, **chosen) if chosen else picked.get(page).get("version", 0)
+        return [*box[:-1], render.stamp_what_if(box[-1], version)]
 
     reset.click(
         on_reset,
