@@ -312,6 +312,43 @@ def test_a_reward_that_raises_marks_the_run_failed_and_the_manager_keeps_working
     assert mgr.wait(300) and again.read_status()["status"] == "completed"  # the manager took the next job
 
 
+def test_a_full_disk_says_so_and_how_to_go_on(runs_dir, monkeypatch):
+    """A run that cannot write for want of disk space fails with a message that names the cause and the way on,
+    without the server's paths; torch's own words for a checkpoint cut short count when the disk is (nearly) full."""
+    import errno
+    import shutil
+    from collections import namedtuple
+
+    from grpo_app.core.rewards import REWARD_FUNCS
+    from grpo_app.runs import manager
+
+    calls = []
+
+    def writes_on_a_full_disk(prompts, completions, **kw):
+        calls.append(1)
+        if len(calls) >= 2:
+            raise OSError(errno.ENOSPC, "No space left on device", "/srv/secret/models/runs/x/steps.jsonl")
+        return [0.0] * len(completions)
+
+    monkeypatch.setitem(REWARD_FUNCS, "full", writes_on_a_full_disk)
+    cfg = load_config("tests/configs/tiny.yaml", [f"run.output_dir={runs_dir}", "rewards.weights={full: 1.0}"])
+    mgr = RunManager(runs_dir)
+    run = mgr.start(cfg)
+    assert mgr.wait(300)
+    status = run.read_status()
+    assert status["status"] == "failed"
+    assert status["error"].startswith("the disk is full") and "resume" in status["error"]
+    assert "/srv/secret" not in status["error"] and "No space left on device" in status["error"]
+
+    usage = namedtuple("usage", "total used free")
+    cut_short = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 235449152 vs 235449040")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**12, 10**12 - 440 * 1024, 440 * 1024))
+    assert manager.failure_message(cut_short, runs_dir).startswith("the disk is full")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**12, 10**11, 9 * 10**11))
+    assert manager.failure_message(cut_short, runs_dir) == f"RuntimeError: {cut_short}"  # room left: not the disk
+    assert manager.failure_message(ZeroDivisionError("x"), runs_dir) == "ZeroDivisionError: x"
+
+
 def test_trainable_layers_leave_the_lower_layers_as_they_were(runs_dir, varied_reward):
     """model.trainable_layers=1 on the 2-layer tiny model: layer 0 ends bit-identical to the base, layer 1
     trains, and the Fisher/EWC state covers only what trains."""

@@ -229,11 +229,31 @@ def run_job(run: RunDir, resume: bool, reporter: _JobReporter, observers=()) -> 
             reporter.event("finished", seconds=round(time.time() - t0, 1))
         reporter.status(status=final, ended=time.time(), peak_rss_mb=sampler.peak / 2**20)
     except BaseException as e:  # noqa: BLE001 - a crash marks the run failed, the app keeps serving
-        msg = hide_server_paths(f"{type(e).__name__}: {e}")  # every page reads it (the traceback stays on disk)
+        msg = failure_message(e, run.path)  # every page reads it (the traceback stays on disk)
         reporter.event("error", message=msg, traceback=traceback.format_exc()[-4000:])
         reporter.status(status="failed", error=msg, ended=time.time(), peak_rss_mb=sampler.peak / 2**20)
     finally:
         sampler.stop()
+
+
+DISK_FULL_BELOW = 64 * 2**20  # free bytes under which a failed write is put down to a full disk
+
+
+def failure_message(e: BaseException, where: Path) -> str:
+    """What every page shows of a crashed run: the error in one line, without server paths. A full disk says
+    so and how to go on: torch reports a checkpoint cut short by it as a RuntimeError ('unexpected pos ...',
+    'PytorchStreamWriter failed writing file'), so besides ENOSPC the free space where the run is written counts."""
+    import errno
+
+    msg = hide_server_paths(f"{type(e).__name__}: {e}")
+    full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+    if not full and isinstance(e, (OSError, RuntimeError)):
+        with contextlib.suppress(OSError):
+            full = shutil.disk_usage(where).free < DISK_FULL_BELOW
+    if full:
+        return (f"the disk is full: the run could not write its files ({msg[:200]}). Free some space (Runs deletes "
+                f"old runs) and resume the run: it goes on from its last complete checkpoint.")
+    return msg
 
 
 def _evaluate(run: RunDir, cfg: Config, reporter) -> None:
