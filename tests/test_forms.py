@@ -266,3 +266,19 @@ def test_one_bound_per_setting_for_the_yaml_and_the_form(roots, section, name, f
     with pytest.raises(FormError) as f:
         build(base_form(**{field: above}), roots)
     assert any(p == path for p, _ in f.value.errors)
+
+
+@pytest.mark.parametrize("path", sorted(Path("configs").glob("*.yaml")), ids=lambda p: p.stem)
+def test_a_run_started_from_the_page_with_a_preset_trains_the_preset(roots, path):
+    """A preset's measured results (docs/experiments.md) assume that a run started from the page gets the
+    preset's stage options the table does not show (operators, digits, `progressive`'s carried optimizer
+    moments) and its stage names. The page's config, filled from the preset and started as it is, equals the file's."""
+    from grpo_app.core.config import load_config
+
+    preset = load_config(str(path))
+    form = TrainForm(preset=path.stem, **forms.form_values(preset))
+    cfg = build_config(form, forms.load_preset_data(path), roots, check_hub=False)
+    if path.stem == "progressive":
+        assert [s.carry_moments for s in cfg.stages] == [False, False, True]
+    assert cfg.stages == preset.stages
+    assert (cfg.grpo, cfg.ewc, cfg.rewards) == (preset.grpo, preset.ewc, preset.rewards)

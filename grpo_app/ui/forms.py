@@ -54,7 +54,7 @@ MAX_COMPLETION_TOKENS = field_bounds(GRPOSettings, "max_completion_length")[1]
 MAX_PROMPTS_PER_STEP = field_bounds(GRPOSettings, "prompts_per_step")[1]
 MAX_MODEL_NAME = 200
 MAX_RUN_NAME = 64
-STAGE_NAME_RE = re.compile(r"[^\w \-+.()]+")
+STAGE_NAME_RE = re.compile(r"[^\w \-+.(),]+")  # the presets name stages with commas ("word problems, adding")
 
 
 class FormError(ValueError):
