@@ -282,22 +282,31 @@ def test_stop_during_the_fisher_pass_keeps_the_end_of_stage_checkpoint(runs_dir,
     assert [m["step"] for m in run.metrics()] == [1, 2, 3, 4]
 
 
-def test_a_reward_that_raises_marks_the_run_failed_and_the_manager_keeps_working(runs_dir, monkeypatch):
+def _run_whose_reward_raises_at_step_2(runs_dir, monkeypatch, name: str, error: BaseException):
+    """The tiny preset trained with one reward, `name`, that raises `error` on its second call (step 2)."""
     from grpo_app.core.rewards import REWARD_FUNCS
 
     calls = []
 
-    def flaky(prompts, completions, **kw):
+    def reward(prompts, completions, **kw):
         calls.append(1)
         if len(calls) >= 2:
-            raise ZeroDivisionError("reward exploded on purpose")
+            raise error
         return [0.0] * len(completions)
 
-    monkeypatch.setitem(REWARD_FUNCS, "flaky", flaky)
-    cfg = load_config("tests/configs/tiny.yaml", [f"run.output_dir={runs_dir}", "rewards.weights={flaky: 1.0}"])
+    monkeypatch.setitem(REWARD_FUNCS, name, reward)
+    cfg = load_config("tests/configs/tiny.yaml", [f"run.output_dir={runs_dir}", f"rewards.weights={{{name}: 1.0}}"])
     mgr = RunManager(runs_dir)
     run = mgr.start(cfg)
     assert mgr.wait(300)
+    return mgr, run
+
+
+def test_a_reward_that_raises_marks_the_run_failed_and_the_manager_keeps_working(runs_dir, monkeypatch):
+    from grpo_app.core.rewards import REWARD_FUNCS
+
+    mgr, run = _run_whose_reward_raises_at_step_2(runs_dir, monkeypatch, "flaky",
+                                                  ZeroDivisionError("reward exploded on purpose"))
     status = run.read_status()
     assert status["status"] == "failed"
     assert "ZeroDivisionError: reward exploded on purpose" in status["error"]
@@ -319,22 +328,10 @@ def test_a_full_disk_says_so_and_how_to_go_on(runs_dir, monkeypatch):
     import shutil
     from collections import namedtuple
 
-    from grpo_app.core.rewards import REWARD_FUNCS
     from grpo_app.runs import manager
 
-    calls = []
-
-    def writes_on_a_full_disk(prompts, completions, **kw):
-        calls.append(1)
-        if len(calls) >= 2:
-            raise OSError(errno.ENOSPC, "No space left on device", "/srv/secret/models/runs/x/steps.jsonl")
-        return [0.0] * len(completions)
-
-    monkeypatch.setitem(REWARD_FUNCS, "full", writes_on_a_full_disk)
-    cfg = load_config("tests/configs/tiny.yaml", [f"run.output_dir={runs_dir}", "rewards.weights={full: 1.0}"])
-    mgr = RunManager(runs_dir)
-    run = mgr.start(cfg)
-    assert mgr.wait(300)
+    full = OSError(errno.ENOSPC, "No space left on device", "/srv/secret/models/runs/x/steps.jsonl")
+    _, run = _run_whose_reward_raises_at_step_2(runs_dir, monkeypatch, "full", full)
     status = run.read_status()
     assert status["status"] == "failed"
     assert status["error"].startswith("the disk is full") and "resume" in status["error"]
