@@ -24,6 +24,11 @@ does; without it, the pass keeps them from the forward, as the trainer does sinc
     python bench/bucket_lengths.py --run models/runs/RUN --config progressive --settings 64,64/keep --every 2
     python bench/bucket_lengths.py --run models/runs/RUN --config progressive --settings 64/keep/trl0,64/keep
     python bench/bucket_lengths.py --run models/runs/RUN --config progressive --settings 64/keep/reproject,64/keep
+    python bench/bucket_lengths.py --run models/runs/RUN --config progressive --settings 64/keep --every 4 --keep-freed-memory off
+
+`--keep-freed-memory on|off` replays inside `optim.held_heap` or not (`grpo.keep_freed_memory`; default: the
+preset's). It holds for the whole process, so compare it across processes, one reading each, in turns; the JSON
+gives the process's page faults and kernel seconds beside the times.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import resource
 import sys
 import tempfile
 import time
@@ -49,6 +55,7 @@ from grpo_app.training import lm_head  # noqa: E402
 from grpo_app.training.engine import prepare_model  # noqa: E402
 from grpo_app.training.estimate import KEPT_LOGITS_BYTES  # noqa: E402
 from grpo_app.training.lean import decoder_layers  # noqa: E402
+from grpo_app.training.optim import held_heap  # noqa: E402
 from grpo_app.training.settings import grpo_args  # noqa: E402
 from grpo_app.training.trainer import CurriculumGRPOTrainer, EngineOptions, restore_forward  # noqa: E402
 
@@ -110,9 +117,20 @@ def main() -> None:
                     help="comma-separated: 'off' = one padded pass, a number = bucket_overhead; '@N' after either "
                          "sets the micro-batch size (default: the preset's)")
     ap.add_argument("--every", type=int, default=1, help="replay every k-th step of the run (1 = all)")
+    ap.add_argument("--keep-freed-memory", choices=("config", "on", "off"), default="config",
+                    help="replay inside optim.held_heap (on), or not (off); config: the preset's grpo.keep_freed_memory")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     cfg = load_config(a.config)
+    keep = cfg.grpo.keep_freed_memory if a.keep_freed_memory == "config" else a.keep_freed_memory == "on"
+    with held_heap(keep) as held:
+        res = replay(a, cfg)
+    res["keep_freed_memory"] = {"asked": keep, "held": held}
+    emit(res, a.out)
+
+
+def replay(a, cfg) -> dict:
+    usage0 = resource.getrusage(resource.RUSAGE_SELF)
     run = Path(a.run)
     settings = a.settings.split(",")
     model, tok, _ = prepare_model(cfg)
@@ -162,14 +180,16 @@ def main() -> None:
                 positions[s] += sum(seen)
                 model.zero_grad(set_to_none=True)
     base = settings[0]
-    res = {
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {
         "run": str(run), "config": a.config, "every": a.every, "steps_replayed": len(steps),
         "threads": torch.get_num_threads(),
+        "process_page_faults": usage.ru_minflt - usage0.ru_minflt,
+        "process_kernel_s": round(usage.ru_stime - usage0.ru_stime, 2),
         "settings": {s: {"seconds": round(seconds[s], 2), "positions": positions[s],
                          "time_vs_" + base: round(seconds[s] / seconds[base], 3),
                          "positions_vs_" + base: round(positions[s] / positions[base], 3)} for s in settings},
     }
-    emit(res, a.out)
 
 
 if __name__ == "__main__":

@@ -564,6 +564,14 @@ class GRPOSettings:
         "Recompute each layer's activations in backward, keeping the shared prompt prefix: only the layers' "
         "inputs stay for backward (same numbers; SmolLM2 quick preset 3.1 -> 2.25 GB peak, ~7% longer run).",
     )
+    keep_freed_memory: bool = _f(
+        False,
+        "Keep the memory each micro-batch, step and sampling call frees for the next one instead of handing it "
+        "back to the operating system (glibc; elsewhere nothing changes): the same numbers bit for bit, far fewer "
+        "page faults (the progressive preset on seed 2: 0.86x the time side by side on a 2-core AVX2 host, its peak "
+        "~0.2 GB higher), but the process stays at its largest size until the run ends. Off by default; on in the "
+        "progressive preset.",
+    )
     lean_activations: bool = _f(
         True,
         "Keep fewer activations for backward: SwiGLU MLP and RMSNorm with their own backward (same numbers, "

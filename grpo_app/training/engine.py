@@ -48,6 +48,7 @@ from grpo_app.core.run_folder import RunDir
 from grpo_app.core.system import cpu_kernels, cpu_name
 from grpo_app.training.ewc import EWCState, compute_fisher
 from grpo_app.training.lean import layer_hooks, make_lean
+from grpo_app.training.optim import held_heap
 from grpo_app.training.sampler import SamplingParams, generate_completions, use_fast_attention
 from grpo_app.training.settings import grpo_args, kl_rows, trackers, trainer_settings
 from grpo_app.training.trainer import CurriculumGRPOTrainer, StepAborted, restore_forward
@@ -616,7 +617,13 @@ class _Job:
 
 def train(cfg: Config, run: RunDir, reporter=None, resume: bool = False, observers=()) -> str:
     """Run (or resume) the job described by `cfg` in `run`. Returns 'completed' or 'stopped'.
-    `observers`: `Observer`s that see each step, stage end, Fisher pass and the final model (benches)."""
+    `observers`: `Observer`s that see each step, stage end, Fisher pass and the final model (benches).
+    With `grpo.keep_freed_memory`, the whole job runs inside `optim.held_heap` (freed memory kept, no trims)."""
+    with held_heap(cfg.grpo.keep_freed_memory):
+        return _train(cfg, run, reporter, resume, observers)
+
+
+def _train(cfg: Config, run: RunDir, reporter, resume: bool, observers) -> str:
     reporter = reporter or Reporter()
     job = _Job(cfg, run, reporter, observers)
     _tracker_setup(cfg, run)
