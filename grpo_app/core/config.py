@@ -568,7 +568,7 @@ class GRPOSettings:
         False,
         "Keep the memory each micro-batch, step and sampling call frees for the next one instead of handing it "
         "back to the operating system (glibc; elsewhere nothing changes): the same numbers bit for bit, far fewer "
-        "page faults (the progressive preset on seed 2: 0.86x the time side by side on a 2-core AVX2 host, its peak "
+        "page faults (the progressive preset on seed 2: 0.86x the time of the run after it on a 2-core AVX2 host, its peak "
         "~0.2 GB higher), but the process stays at its largest size until the run ends. Off by default; on in the "
         "progressive preset.",
     )

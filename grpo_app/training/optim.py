@@ -127,21 +127,22 @@ def held_heap(enabled: bool = True):
     trimmed once. The numbers a run computes are the same bit for bit: where memory comes from changes no
     arithmetic (every tensor is 64-byte aligned either way)."""
     global _HELD
-    held = False
-    if enabled:
-        try:
-            libc = _libc()
-            held = bool(libc.mallopt(M_MMAP_THRESHOLD, HELD_MMAP_THRESHOLD)) and bool(
-                libc.mallopt(M_TRIM_THRESHOLD, HELD_TRIM_THRESHOLD)
-            )
-        except (OSError, AttributeError):
-            held = False
+    if not enabled or _HELD:  # (inside another hold: that one lets go)
+        yield _HELD
+        return
+    try:
+        libc = _libc()
+        held = bool(libc.mallopt(M_MMAP_THRESHOLD, HELD_MMAP_THRESHOLD))
+        held = held and bool(libc.mallopt(M_TRIM_THRESHOLD, HELD_TRIM_THRESHOLD))
+    except (OSError, AttributeError):
+        yield False
+        return
     _HELD = held
     try:
         yield held
     finally:
+        _HELD = False
+        libc.mallopt(M_TRIM_THRESHOLD, DEFAULT_TRIM_THRESHOLD)  # (also after a refusal: nothing is left half set)
+        libc.mallopt(M_MMAP_THRESHOLD, DEFAULT_MMAP_THRESHOLD)
         if held:
-            _HELD = False
-            libc.mallopt(M_TRIM_THRESHOLD, DEFAULT_TRIM_THRESHOLD)
-            libc.mallopt(M_MMAP_THRESHOLD, DEFAULT_MMAP_THRESHOLD)
             trim_heap()
