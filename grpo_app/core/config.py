@@ -569,7 +569,7 @@ class GRPOSettings:
         "Keep the memory each micro-batch, step and sampling call frees for the next one instead of handing it "
         "back to the operating system (glibc; elsewhere nothing changes): the same numbers bit for bit, far fewer "
         "page faults (the progressive preset on seed 2: 0.88x the time side by side, A B B A, on a 2-core AVX2 host, "
-        "0.97x on a faster one; its peak 0.2-0.9 GB higher), but the process stays at its largest size until the run ends. Off by default; on in the "
+        "0.97x one after the other on a faster one; its peak 0.2-0.9 GB higher), but the process stays at its largest size until the run ends. Off by default; on in the "
         "progressive preset.",
     )
     lean_activations: bool = _f(
